@@ -1,0 +1,109 @@
+-- notifier schema. Applied by `notifier migrate`; every statement is idempotent, so running it
+-- again (or from two processes at once: migrate takes an advisory lock) changes nothing.
+
+CREATE TABLE IF NOT EXISTS tenants (
+    id            uuid PRIMARY KEY,
+    name          text NOT NULL UNIQUE,
+    api_key_hash  text NOT NULL UNIQUE,          -- hex SHA-256 of the API key; the key is shown once
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS channels (
+    id            uuid PRIMARY KEY,
+    tenant_id     uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    type          text NOT NULL,
+    name          text NOT NULL DEFAULT '',
+    config        jsonb NOT NULL,
+    recipient     text NULL,
+    event_types   text[] NOT NULL DEFAULT ARRAY['*'],
+    enabled       boolean NOT NULL DEFAULT true,
+    max_attempts  integer NULL CHECK (max_attempts IS NULL OR max_attempts >= 1),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now()
+);
+-- Fan-out reads the enabled channels of one tenant.
+CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
+CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id               uuid PRIMARY KEY,
+    tenant_id        uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    type             text NOT NULL,
+    recipient        text NULL,
+    payload          jsonb NOT NULL,
+    idempotency_key  text NULL,
+    request_hash     text NULL,                  -- hash of the request body, to tell a replay from a conflict
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant_id, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS events_created_idx ON events (created_at);
+
+CREATE TABLE IF NOT EXISTS deliveries (
+    id               uuid PRIMARY KEY,
+    event_id         uuid NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+    channel_id       uuid NOT NULL,              -- no FK: deleting a channel keeps its delivery history
+    tenant_id        uuid NOT NULL,
+    channel_type     text NOT NULL,
+    status           text NOT NULL DEFAULT 'PENDING'
+                     CHECK (status IN ('PENDING', 'RETRYING', 'DELIVERED', 'DEAD')),
+    attempt          integer NOT NULL DEFAULT 0,  -- attempts made so far
+    max_attempts     integer NOT NULL,
+    last_error       text NULL,
+    next_attempt_at  timestamptz NULL,
+    delivered_at     timestamptz NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS deliveries_event_idx ON deliveries (event_id);
+CREATE INDEX IF NOT EXISTS deliveries_list_idx ON deliveries (tenant_id, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS deliveries_channel_idx ON deliveries (channel_id, created_at DESC, id DESC);
+-- Deliveries that are not finished yet: what an operator (and the reconciler) looks for.
+CREATE INDEX IF NOT EXISTS deliveries_open_idx ON deliveries (updated_at)
+    WHERE status IN ('PENDING', 'RETRYING');
+
+CREATE TABLE IF NOT EXISTS delivery_attempts (
+    id                bigserial PRIMARY KEY,
+    delivery_id       uuid NOT NULL REFERENCES deliveries (id) ON DELETE CASCADE,
+    attempt           integer NOT NULL,
+    started_at        timestamptz NOT NULL,
+    duration_ms       integer NOT NULL,
+    outcome           text NOT NULL
+                      CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic')),
+    status_code       integer NULL,
+    error             text NULL,
+    response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
+);
+CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
+
+-- The transactional outbox. A row is written in the same transaction as its delivery and deleted
+-- by the relay only after RabbitMQ confirmed the publish. `publish_failures` counts publishes the
+-- broker refused (returned as unroutable, or nacked); such a row waits until `available_at`
+-- before the relay tries it again, so one bad row never hot-loops the relay.
+CREATE TABLE IF NOT EXISTS outbox (
+    id                bigserial PRIMARY KEY,
+    delivery_id       uuid NOT NULL,
+    routing_key       text NOT NULL,
+    body              bytea NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    publish_failures  integer NOT NULL DEFAULT 0,
+    available_at      timestamptz NOT NULL DEFAULT now(),
+    last_error        text NULL
+);
+-- The claim's hot path: fresh rows in id order. Partial, so it holds only rows never refused.
+CREATE INDEX IF NOT EXISTS outbox_fresh_idx ON outbox (id) WHERE publish_failures = 0;
+-- Rows the broker refused, by when they may be tried again.
+CREATE INDEX IF NOT EXISTS outbox_backoff_idx ON outbox (available_at) WHERE publish_failures > 0;
+
+-- The relay's doorbell: one NOTIFY per inserting statement (not per row). It only wakes the
+-- relay; the outbox table stays the data path, and the relay also polls.
+CREATE OR REPLACE FUNCTION notifier_outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('notifier_outbox', '');
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS outbox_notify ON outbox;
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION notifier_outbox_notify();

@@ -1,0 +1,54 @@
+"""The adapter contract (DESIGN §7): validate channel config, deliver one message."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from notifier.messages import WorkerMessage
+
+
+class InvalidChannelConfig(ValueError):
+    """A channel's config is unusable; ``field`` names the offending key (e.g. ``config.url``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    """What a successful delivery tells the attempt log."""
+
+    status_code: int | None = None
+    response_excerpt: str | None = None
+
+
+class Adapter(Protocol):
+    channel_type: str
+    secret_fields: frozenset[str]  # config keys never shown after creation, kept across PATCH
+
+    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate a channel config at create/patch and fill in defaults (e.g. a generated
+        secret). Raise ``InvalidChannelConfig`` naming the field."""
+        ...
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        """Deliver once. Raise ``RetriableError`` or ``PermanentError`` on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    def check(self, message: WorkerMessage) -> float | None:
+        """Seconds to wait before this message may be delivered, or None to go ahead."""
+        ...
+
+
+def public_config(adapter: Adapter | None, config: dict[str, Any]) -> dict[str, Any]:
+    """The config as the API shows it after creation: secret fields left out."""
+    hidden = adapter.secret_fields if adapter else frozenset({"secret"})
+    return {k: v for k, v in config.items() if k not in hidden}

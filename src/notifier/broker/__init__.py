@@ -1,0 +1,1 @@
+"""RabbitMQ: pure topology names (``topology``), the aiormq wrapper (``amqp``), shared types."""

@@ -1,0 +1,298 @@
+"""The only aiormq code: trio-flavoured connection, publisher and consumer over the bridge.
+
+Publishing crosses the bridge once per batch (all confirms awaited together); consuming crosses
+it not at all per message (the aiormq callback hands messages to a bounded trio channel) and
+acknowledgements are sent in batches on the channel that delivered them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import aiormq
+import trio
+from pamqp.commands import Basic
+
+from notifier.bridge import aio, open_bridge
+from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
+from notifier.broker.topology import Topology
+from notifier.errors import BrokerError
+
+log = logging.getLogger("notifier.broker")
+
+_BROKER_ERRORS = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, ConnectionError)
+
+
+def _with_heartbeat(url: str, heartbeat_seconds: int) -> str:
+    if "heartbeat=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}heartbeat={heartbeat_seconds}"
+
+
+class AmqpConnection:
+    """Trio-flavoured wrapper of one aiormq connection. Create with ``open_connection``."""
+
+    def __init__(self, conn: aiormq.Connection, name: str) -> None:
+        self._conn = conn
+        self.name = name
+
+    async def declare(self, topology: Topology) -> None:
+        """Trio-flavoured. Declare exchanges, queues and bindings; idempotent."""
+
+        async def declare() -> None:
+            ch = await self._conn.channel()
+            try:
+                for exchange in topology.exchanges:
+                    await ch.exchange_declare(exchange, exchange_type="direct", durable=True)
+                for q in topology.queues:
+                    await ch.queue_declare(q.name, durable=True, arguments=q.arguments)
+                    await ch.queue_bind(q.name, q.exchange, routing_key=q.routing_key)
+            finally:
+                if not ch.is_closed:
+                    await ch.close()
+
+        try:
+            await aio(declare)
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"declaring the topology failed: {exc!r}") from exc
+
+    async def wait_closed(self) -> None:
+        """Trio-flavoured. Return when the connection is closed (by either side)."""
+
+        async def wait() -> None:
+            await self._conn.closing  # an independent observer: cancelling it closes nothing
+
+        with suppress(Exception):  # the future carries the reason; we only need the fact
+            await aio(wait)
+
+    @asynccontextmanager
+    async def open_publisher(self, timeout_seconds: float) -> AsyncIterator[AmqpPublisher]:
+        """Trio-flavoured. A channel in confirm mode; messages are published ``mandatory``."""
+        try:
+            ch = await aio(self._conn.channel, publisher_confirms=True, on_return_raises=True)
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"opening a publisher channel failed: {exc!r}") from exc
+        try:
+            yield AmqpPublisher(ch, timeout_seconds)
+        finally:
+            await _close_quietly(ch)
+
+    @asynccontextmanager
+    async def open_consumer(self, queue: str, prefetch: int) -> AsyncIterator[Consumer]:
+        """Trio-flavoured. Consume ``queue`` with at most ``prefetch`` unacked messages.
+
+        Messages arrive on ``consumer.receive``, a trio channel bounded by ``prefetch`` (so the
+        callback never blocks). On exit the consumer is cancelled, settled messages are
+        acknowledged, and the channel is closed: unsettled messages go back to the queue.
+        """
+        try:
+            ch = await aio(self._conn.channel)
+            await aio(ch.basic_qos, prefetch_count=prefetch)
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"opening a consumer channel failed: {exc!r}") from exc
+        consumer = Consumer(ch, prefetch)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer._ack_loop)
+                try:
+                    ok = await aio(ch.basic_consume, queue, consumer._on_message, no_ack=False)
+                except _BROKER_ERRORS as exc:
+                    raise BrokerError(f"consuming {queue} failed: {exc!r}") from exc
+                consumer._tag = ok.consumer_tag
+                try:
+                    yield consumer
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await consumer._stop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            await _close_quietly(ch)
+
+
+async def _close_quietly(ch: aiormq.abc.AbstractChannel) -> None:
+    """Trio-flavoured; close a channel, bounded and shielded, ignoring a broken connection."""
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        try:
+            if not ch.is_closed:
+                await aio(ch.close)
+        except Exception:
+            log.debug("closing channel failed", exc_info=True)
+
+
+class AmqpPublisher:
+    """Trio-flavoured publisher on one confirm-mode channel."""
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, timeout_seconds: float) -> None:
+        self._ch = channel
+        self._timeout = timeout_seconds
+
+    def check(self) -> None:
+        if self._ch.is_closed:
+            raise BrokerError("publisher channel is closed")
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        if not messages:
+            return []
+        return await aio(self._publish_batch_aio, messages)
+
+    async def _publish_batch_aio(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        """Asyncio-flavoured: publish everything, then await every confirm (bounded)."""
+
+        async def one(m: Outgoing) -> Confirm:
+            try:
+                await self._ch.basic_publish(
+                    m.body,
+                    exchange=m.exchange,
+                    routing_key=m.routing_key,
+                    mandatory=True,
+                    properties=Basic.Properties(
+                        delivery_mode=2,
+                        message_id=m.message_id,
+                        content_type="application/json",
+                    ),
+                )
+            except aiormq.exceptions.PublishError:
+                return Confirm.RETURNED
+            except aiormq.exceptions.DeliveryError:
+                return Confirm.NACKED
+            except (*_BROKER_ERRORS, asyncio.CancelledError):
+                return Confirm.UNCONFIRMED
+            return Confirm.CONFIRMED
+
+        tasks = [asyncio.ensure_future(one(m)) for m in messages]
+        done, pending = await asyncio.wait(tasks, timeout=self._timeout)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        return [t.result() if t in done else Confirm.UNCONFIRMED for t in tasks]
+
+
+class Consumer:
+    """Messages of one consumer on its own channel, and their batched settlement."""
+
+    def __init__(self, channel: aiormq.abc.AbstractChannel, prefetch: int) -> None:
+        self._ch = channel
+        self._tag: str | None = None
+        self._send, self.receive = trio.open_memory_channel[Incoming](prefetch)
+        # delivery tag -> settlement, in delivery order (tags only grow on a channel)
+        self._pending: dict[int, Settle | None] = {}
+        self._dirty = trio.Event()
+        self._stopped = False
+
+    @property
+    def unsettled(self) -> int:
+        return len(self._pending)
+
+    async def _on_message(self, message: aiormq.abc.DeliveredMessage) -> None:
+        """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it."""
+        try:
+            tag = message.delivery_tag
+            if tag is None or self._stopped:
+                return  # left unacked: the channel close returns it to the queue
+            props = message.header.properties
+            incoming = Incoming(
+                message.body, props.message_id, tag, bool(message.redelivered), self
+            )
+            self._pending[tag] = None
+            self._send.send_nowait(incoming)  # never full: prefetch bounds unacked messages
+        except Exception:
+            log.exception("consumer callback failed; the message returns when the channel closes")
+
+    def settle(self, delivery_tag: int, how: Settle) -> None:
+        if delivery_tag in self._pending:
+            self._pending[delivery_tag] = how
+            self._dirty.set()
+
+    def _take_settled(self) -> list[tuple[str, int]]:
+        """Plan the frames for what is settled: individual reject/requeue/ack frames first,
+        then one ``ack(multiple=True)`` for the longest fully-acked prefix."""
+        frames: list[tuple[str, int]] = []
+        prefix_ack: int | None = None
+        in_prefix = True
+        for tag, how in list(self._pending.items()):
+            if how is None:
+                in_prefix = False
+                continue
+            del self._pending[tag]
+            if how is Settle.ACK and in_prefix:
+                prefix_ack = tag
+            else:
+                frames.append((how.value, tag))
+        if prefix_ack is not None:
+            frames.append(("ack_multiple", prefix_ack))
+        return frames
+
+    async def _send_frames(self, frames: list[tuple[str, int]]) -> None:
+        """Asyncio-flavoured: write the settlement frames in order."""
+        for kind, tag in frames:
+            if kind == "ack_multiple":
+                await self._ch.basic_ack(tag, multiple=True)
+            elif kind == Settle.ACK.value:
+                await self._ch.basic_ack(tag)
+            elif kind == Settle.REJECT.value:
+                await self._ch.basic_reject(tag, requeue=False)
+            else:
+                await self._ch.basic_nack(tag, requeue=True)
+
+    async def _flush(self) -> None:
+        frames = self._take_settled()
+        if not frames:
+            return
+        try:
+            await aio(self._send_frames, frames)
+        except _BROKER_ERRORS as exc:
+            # The channel is gone: its unacked messages go back to the queue by themselves.
+            log.warning("sending %d acknowledgements failed: %r", len(frames), exc)
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty = trio.Event()
+            await self._flush()
+
+    async def _stop(self) -> None:
+        """Trio-flavoured: stop deliveries, then acknowledge whatever was settled."""
+        self._stopped = True
+        self._send.close()
+        if self._tag is not None and not self._ch.is_closed:
+            with suppress(*_BROKER_ERRORS):
+                await aio(self._ch.basic_cancel, self._tag)
+        await self._flush()
+
+
+@asynccontextmanager
+async def open_connection(
+    url: str, *, name: str, heartbeat_seconds: int = 15
+) -> AsyncIterator[AmqpConnection]:
+    """Trio-flavoured. Connect to RabbitMQ; close on exit (unacked messages return to queues)."""
+    async with open_bridge():
+        try:
+            conn: Any = await aio(
+                aiormq.connect,
+                _with_heartbeat(url, heartbeat_seconds),
+                client_properties={"connection_name": f"notifier {name}"},
+            )
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"cannot connect to RabbitMQ: {exc!r}") from exc
+        try:
+            yield AmqpConnection(conn, name)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await aio(conn.close)
+                except Exception:
+                    log.debug("closing connection failed", exc_info=True)
+
+
+async def probe(url: str, *, timeout_seconds: float = 3.0) -> None:
+    """Trio-flavoured. Connect and disconnect; raise ``BrokerError`` if RabbitMQ is unreachable."""
+    with trio.move_on_after(timeout_seconds) as scope:
+        async with open_connection(url, name="probe"):
+            return
+    if scope.cancelled_caught:
+        raise BrokerError("RabbitMQ did not answer in time")

@@ -1,0 +1,162 @@
+"""Configuration: TOML → frozen, validated structures.
+
+Unknown keys and wrong types are refused with the key's dotted path in the message. Database and
+broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
+the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_BROKER_URL``, ``NOTIFIER_SENTRY_DSN``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from notifier.errors import ConfigError
+
+CONFIG_ENV = "NOTIFIER_CONFIG"
+ENV_OVERRIDES = {
+    "NOTIFIER_DATABASE_URL": ("database", "url"),
+    "NOTIFIER_BROKER_URL": ("broker", "url"),
+    "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
+}
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ServiceConfig(_Section, frozen=True):
+    shutdown_grace_seconds: NonNegativeFloat = 10.0
+
+
+class DatabaseConfig(_Section, frozen=True):
+    url: str = "postgresql://postgres@127.0.0.1:5432/notifier"
+    pool_max_size: Positive = 20
+    connect_timeout_seconds: PositiveFloat = 5.0
+
+
+class BrokerConfig(_Section, frozen=True):
+    url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    queue_type: Literal["quorum", "classic"] = "quorum"
+    publish_timeout_seconds: PositiveFloat = 10.0
+    heartbeat_seconds: Annotated[int, msgspec.Meta(ge=10, le=30)] = 15
+
+
+class IngestConfig(_Section, frozen=True):
+    bind: str = "127.0.0.1:8080"
+    max_body_bytes: Positive = 1_048_576
+    max_batch_events: Positive = 100
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
+            raise ValueError(f"bind must be HOST:PORT, got {self.bind!r}")
+
+
+class RelayConfig(_Section, frozen=True):
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 500
+    poll_interval_seconds: PositiveFloat = 1.0
+
+
+class RetryConfig(_Section, frozen=True):
+    base_seconds: PositiveFloat = 30.0
+    max_seconds: PositiveFloat = 1800.0
+    tiers_seconds: tuple[Positive, ...] = (1, 5, 15, 30, 60, 120, 240, 480, 960, 1800)
+
+    def __post_init__(self) -> None:
+        if not self.tiers_seconds:
+            raise ValueError("tiers_seconds must not be empty")
+        if list(self.tiers_seconds) != sorted(set(self.tiers_seconds)):
+            raise ValueError("tiers_seconds must be strictly increasing")
+
+
+class WebhookWorkersConfig(_Section, frozen=True):
+    concurrency: Positive = 16
+    prefetch: Positive = 64
+    max_attempts: Positive = 5
+    timeout_seconds: PositiveFloat = 10.0
+    allow_private_networks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prefetch < self.concurrency:
+            raise ValueError("prefetch must be at least concurrency")
+
+
+class WorkersConfig(_Section, frozen=True):
+    webhook: WebhookWorkersConfig | None = None
+
+    def enabled(self) -> dict[str, WebhookWorkersConfig]:
+        """The configured worker groups by channel type; a type is enabled by its table."""
+        return {name: cfg for name in self.__struct_fields__ if (cfg := getattr(self, name))}
+
+
+class SentryConfig(_Section, frozen=True):
+    dsn: str = ""
+    environment: str = ""
+
+
+class Config(_Section, frozen=True):
+    service: ServiceConfig = msgspec.field(default_factory=ServiceConfig)
+    database: DatabaseConfig = msgspec.field(default_factory=DatabaseConfig)
+    broker: BrokerConfig = msgspec.field(default_factory=BrokerConfig)
+    ingest: IngestConfig = msgspec.field(default_factory=IngestConfig)
+    relay: RelayConfig = msgspec.field(default_factory=RelayConfig)
+    retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
+    workers: WorkersConfig = msgspec.field(default_factory=WorkersConfig)
+    sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
+
+
+def _friendly(message: str) -> str:
+    """msgspec says ``... - at `$.workers.webhook`[0]``; we say ``workers.webhook[0]: ...``."""
+    match = re.fullmatch(r"(.*) - at `\$\.?(.*)`", message, flags=re.DOTALL)
+    if not match:
+        return message
+    text, path = match.groups()
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
+    if unknown:
+        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return f"{key}: unknown key"
+    return f"{path or '(top level)'}: {text}"
+
+
+def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
+    """Validate an already-parsed TOML document, after applying environment overrides."""
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for var, (section, key) in ENV_OVERRIDES.items():
+        value = (env if env is not None else os.environ).get(var)
+        if value:
+            table = merged.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{section}: expected a table")
+            table[key] = value
+    try:
+        return msgspec.convert(merged, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_friendly(str(exc))) from exc
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Load the config from ``path``, or from ``$NOTIFIER_CONFIG``; with neither, the defaults."""
+    environ = env if env is not None else os.environ
+    chosen = path if path is not None else environ.get(CONFIG_ENV)
+    data: dict[str, Any] = {}
+    if chosen:
+        try:
+            text = Path(chosen).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {chosen}: {exc.strerror}") from exc
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{chosen}: invalid TOML: {exc}") from exc
+    return parse_config(data, environ)

@@ -1,0 +1,392 @@
+"""The HTTP API (DESIGN §6) as a quart-trio app. Handlers validate, call the store, answer.
+
+Nothing here starts background work: a request writes its rows and returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+import msgspec
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from notifier.adapters.base import Adapter, InvalidChannelConfig, public_config
+from notifier.config import Config
+from notifier.errors import StoreUnavailable
+from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn
+from notifier.store.pg import IdempotencyConflict, Store, UnknownChannels
+from notifier.store.rows import DELIVERY_STATUSES, Channel, Delivery, Event, NewEvent
+
+log = logging.getLogger("notifier.ingest")
+
+B = TypeVar("B")
+TENANT_CACHE_SECONDS = 30.0
+RETRY_AFTER_SECONDS = 5
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        msgspec.json.encode(data), status=status, headers=dict(headers or {}),
+        content_type="application/json",
+    )  # fmt: skip
+
+
+def _error(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    return _json({"error": {"code": code, "message": message}}, status, headers)
+
+
+def _encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(f"{at.isoformat()}|{row_id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return datetime.fromisoformat(at), uuid.UUID(row_id)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(422, "invalid_cursor", "cursor is not valid") from exc
+
+
+def _channel_view(
+    channel: Channel, adapter: Adapter | None, *, reveal: bool = False
+) -> dict[str, Any]:
+    return {
+        "id": channel.id,
+        "type": channel.type,
+        "name": channel.name,
+        "config": channel.config if reveal else public_config(adapter, channel.config),
+        "recipient": channel.recipient,
+        "event_types": channel.event_types,
+        "enabled": channel.enabled,
+        "max_attempts": channel.max_attempts,
+        "created_at": channel.created_at,
+        "updated_at": channel.updated_at,
+    }
+
+
+def _event_view(event: Event, *, with_payload: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": event.id,
+        "type": event.type,
+        "recipient": event.recipient,
+        "created_at": event.created_at,
+        "deliveries": event.deliveries,
+    }
+    if with_payload:
+        view["payload"] = event.payload
+        view["idempotency_key"] = event.idempotency_key
+    return view
+
+
+def _delivery_view(d: Delivery) -> dict[str, Any]:
+    view = msgspec.structs.asdict(d)
+    if d.attempts is None:
+        del view["attempts"]
+    return view
+
+
+def _uuid_arg(name: str) -> uuid.UUID | None:
+    value = request.args.get(name)
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_parameter", f"{name} must be a UUID") from exc
+
+
+def _limit_arg() -> int:
+    value = request.args.get("limit", str(DEFAULT_PAGE))
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+        raise ApiError(422, "invalid_parameter", f"limit must be an integer from 1 to {MAX_PAGE}")
+    return int(value)
+
+
+def _validation_message(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    return text.replace("`$.", "`").replace("`$`", "the body")
+
+
+def create_app(
+    store: Store,
+    config: Config,
+    adapters: Mapping[str, Adapter],
+    *,
+    check_broker: Callable[[], Awaitable[None]] | None = None,
+) -> QuartTrio:
+    """Build the app. ``check_broker`` raises when RabbitMQ is unreachable (for ``/readyz``)."""
+    app = QuartTrio("notifier")
+    app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
+    max_attempts = {t: w.max_attempts for t, w in config.workers.enabled().items()}
+    tenants: dict[str, tuple[uuid.UUID, float]] = {}
+
+    async def tenant() -> uuid.UUID:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "unauthorized", "missing bearer API key")
+        digest = hash_api_key(key.strip())
+        cached = tenants.get(digest)
+        if cached and cached[1] > trio.current_time():
+            return cached[0]
+        tenant_id = await store.tenant_by_key_hash(digest)
+        if tenant_id is None:
+            raise ApiError(401, "unauthorized", "invalid API key")
+        tenants[digest] = (tenant_id, trio.current_time() + TENANT_CACHE_SECONDS)
+        return tenant_id
+
+    async def body(kind: type[B]) -> B:
+        ctype = request.headers.get("Content-Type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
+        data = await request.get_data(cache=False)
+        assert isinstance(data, bytes)
+        try:
+            return msgspec.json.decode(data, type=kind)
+        except msgspec.ValidationError as exc:
+            raise ApiError(422, "validation_error", _validation_message(exc)) from exc
+        except msgspec.DecodeError as exc:
+            raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
+
+    def adapter_for(channel_type: str) -> Adapter:
+        adapter = adapters.get(channel_type)
+        if adapter is None:
+            enabled = ", ".join(sorted(adapters)) or "none"
+            raise ApiError(
+                422, "validation_error",
+                f"type: channel type {channel_type!r} is not enabled (enabled: {enabled})",
+            )  # fmt: skip
+        return adapter
+
+    def prepare(adapter: Adapter, cfg: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return adapter.prepare_config(cfg)
+        except InvalidChannelConfig as exc:
+            raise ApiError(422, "validation_error", str(exc)) from exc
+
+    @app.errorhandler(ApiError)
+    async def on_api_error(exc: ApiError) -> Response:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(exc: HTTPException) -> Response:
+        code = (exc.name or "error").lower().replace(" ", "_")
+        response = _error(exc.code or 500, code, exc.description or exc.name or "error")
+        if exc.code == 405 and exc.valid_methods:  # type: ignore[attr-defined]
+            response.headers["Allow"] = ", ".join(exc.valid_methods)  # type: ignore[attr-defined]
+        return response
+
+    @app.errorhandler(StoreUnavailable)
+    async def on_store_unavailable(exc: StoreUnavailable) -> Response:
+        log.warning("answering 503: %s", exc)
+        return _error(
+            503, "unavailable", "the database is unavailable; nothing was stored, try again",
+            {"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )  # fmt: skip
+
+    @app.errorhandler(Exception)
+    async def on_exception(exc: Exception) -> Response:
+        log.error("request failed", exc_info=exc)
+        return _error(500, "internal_error", "internal error")
+
+    # -- health -------------------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        checks: dict[str, str] = {}
+        try:
+            await store.ping()
+            checks["database"] = "ok"
+        except Exception as exc:
+            checks["database"] = f"unavailable: {exc}"
+        if check_broker is not None:
+            try:
+                await check_broker()
+                checks["broker"] = "ok"
+            except Exception as exc:
+                checks["broker"] = f"unavailable: {exc}"
+        ready = all(v == "ok" for v in checks.values())
+        return _json({"status": "ready" if ready else "unavailable", "checks": checks},
+                     200 if ready else 503)  # fmt: skip
+
+    # -- channels -----------------------------------------------------------------------------
+
+    @app.post("/v1/channels")
+    async def create_channel() -> Response:
+        tenant_id = await tenant()
+        data = await body(ChannelIn)
+        adapter = adapter_for(data.type)
+        channel = await store.create_channel(
+            tenant_id, type=data.type, name=data.name, config=prepare(adapter, data.config),
+            recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
+            max_attempts=data.max_attempts,
+        )  # fmt: skip
+        return _json(_channel_view(channel, adapter, reveal=True), 201)
+
+    @app.get("/v1/channels")
+    async def list_channels() -> Response:
+        tenant_id = await tenant()
+        limit = _limit_arg()
+        cursor = request.args.get("cursor")
+        rows = await store.list_channels(
+            tenant_id, type=request.args.get("type"), recipient=request.args.get("recipient"),
+            after=_decode_cursor(cursor) if cursor else None, limit=limit + 1,
+        )  # fmt: skip
+        page, more = rows[:limit], len(rows) > limit
+        return _json({
+            "items": [_channel_view(c, adapters.get(c.type)) for c in page],
+            "next_cursor": _encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        })  # fmt: skip
+
+    @app.get("/v1/channels/<uuid:channel_id>")
+    async def get_channel(channel_id: uuid.UUID) -> Response:
+        channel = await store.get_channel(await tenant(), channel_id)
+        if channel is None:
+            raise ApiError(404, "not_found", "channel not found")
+        return _json(_channel_view(channel, adapters.get(channel.type)))
+
+    @app.patch("/v1/channels/<uuid:channel_id>")
+    async def patch_channel(channel_id: uuid.UUID) -> Response:
+        tenant_id = await tenant()
+        patch = await body(ChannelPatch)
+        channel = await store.get_channel(tenant_id, channel_id)
+        if channel is None:
+            raise ApiError(404, "not_found", "channel not found")
+        changes = {k: v for k, v in msgspec.structs.asdict(patch).items() if v is not msgspec.UNSET}
+        if "config" in changes:
+            adapter = adapter_for(channel.type)
+            new_config = dict(changes["config"])
+            for key in adapter.secret_fields:  # secrets are kept unless replaced
+                if key not in new_config and key in channel.config:
+                    new_config[key] = channel.config[key]
+            changes["config"] = prepare(adapter, new_config)
+        updated = await store.update_channel(msgspec.structs.replace(channel, **changes))
+        if updated is None:
+            raise ApiError(404, "not_found", "channel not found")
+        return _json(_channel_view(updated, adapters.get(updated.type)))
+
+    @app.delete("/v1/channels/<uuid:channel_id>")
+    async def delete_channel(channel_id: uuid.UUID) -> Response:
+        if not await store.delete_channel(await tenant(), channel_id):
+            raise ApiError(404, "not_found", "channel not found")
+        return Response(b"", status=204)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def new_event(e: EventIn, key: str | None) -> NewEvent:
+        payload = msgspec.json.encode(e.payload)
+        canonical = msgspec.json.encode(
+            {"type": e.type, "payload": e.payload, "recipient": e.recipient,
+             "channel_ids": e.channel_ids},
+            order="sorted",
+        )  # fmt: skip
+        return NewEvent(
+            id=uuid.uuid4(), type=e.type, recipient=e.recipient, payload=msgspec.Raw(payload),
+            idempotency_key=key, request_hash=hashlib.sha256(canonical).hexdigest(),
+            channel_ids=e.channel_ids,
+        )  # fmt: skip
+
+    async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[Any]:
+        try:
+            return await store.ingest(tenant_id, events, max_attempts)
+        except IdempotencyConflict as exc:
+            raise ApiError(409, "idempotency_conflict", str(exc)) from exc
+        except UnknownChannels as exc:
+            raise ApiError(422, "validation_error", f"channel_ids: {exc}") from exc
+
+    @app.post("/v1/events")
+    async def post_event() -> Response:
+        tenant_id = await tenant()
+        data = await body(EventIn)
+        key = data.idempotency_key
+        header_key = request.headers.get("Idempotency-Key")
+        if header_key is not None:
+            if not 1 <= len(header_key) <= 255:
+                raise ApiError(422, "validation_error", "Idempotency-Key: 1 to 255 characters")
+            if key is not None and key != header_key:
+                raise ApiError(
+                    422, "validation_error",
+                    "idempotency_key: differs from the Idempotency-Key header",
+                )  # fmt: skip
+            key = header_key
+        (result,) = await ingest(tenant_id, [new_event(data, key)])
+        return _json(_event_view(result.event), 202 if result.created else 200)
+
+    @app.post("/v1/events/batch")
+    async def post_batch() -> Response:
+        tenant_id = await tenant()
+        data = await body(BatchIn)
+        if len(data.events) > config.ingest.max_batch_events:
+            raise ApiError(
+                422, "validation_error",
+                f"events: at most {config.ingest.max_batch_events} events per batch",
+            )  # fmt: skip
+        results = await ingest(tenant_id, [new_event(e, e.idempotency_key) for e in data.events])
+        status = 202 if any(r.created for r in results) else 200
+        return _json({"events": [_event_view(r.event) for r in results]}, status)
+
+    @app.get("/v1/events/<uuid:event_id>")
+    async def get_event(event_id: uuid.UUID) -> Response:
+        event = await store.get_event(await tenant(), event_id)
+        if event is None:
+            raise ApiError(404, "not_found", "event not found")
+        return _json(_event_view(event, with_payload=True))
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    @app.get("/v1/deliveries")
+    async def list_deliveries() -> Response:
+        tenant_id = await tenant()
+        status = request.args.get("status")
+        if status is not None and status not in DELIVERY_STATUSES:
+            raise ApiError(
+                422, "invalid_parameter", f"status must be one of {', '.join(DELIVERY_STATUSES)}"
+            )
+        limit = _limit_arg()
+        cursor = request.args.get("cursor")
+        rows = await store.list_deliveries(
+            tenant_id, status=status, channel_id=_uuid_arg("channel_id"),
+            event_id=_uuid_arg("event_id"), before=_decode_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )  # fmt: skip
+        page, more = rows[:limit], len(rows) > limit
+        return _json({
+            "items": [_delivery_view(d) for d in page],
+            "next_cursor": _encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        })  # fmt: skip
+
+    @app.get("/v1/deliveries/<uuid:delivery_id>")
+    async def get_delivery(delivery_id: uuid.UUID) -> Response:
+        delivery = await store.get_delivery(await tenant(), delivery_id)
+        if delivery is None:
+            raise ApiError(404, "not_found", "delivery not found")
+        return _json(_delivery_view(delivery))
+
+    return app

@@ -1,0 +1,63 @@
+"""Request bodies of the HTTP API; msgspec validates them (400 for bad JSON, 422 otherwise)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import msgspec
+
+# An event type: dot-separated words of letters, digits, '_', '-' and ':'.
+EVENT_TYPE_RE = r"^[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*$"
+# A channel's subscription: an exact event type, 'prefix.*' or '*'.
+PATTERN_RE = r"^(\*|[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*(\.\*)?)$"
+
+EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=EVENT_TYPE_RE)]
+Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=PATTERN_RE)]
+Recipient = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+Name = Annotated[str, msgspec.Meta(max_length=200)]
+MaxAttempts = Annotated[int, msgspec.Meta(ge=1, le=100)]
+ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
+ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50)]
+
+
+class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ChannelIn(_Body):
+    type: ChannelType
+    config: dict[str, Any]
+    name: Name = ""
+    recipient: Recipient | None = None
+    event_types: Annotated[list[Pattern], msgspec.Meta(min_length=1, max_length=100)] = (
+        msgspec.field(default_factory=lambda: ["*"])
+    )
+    enabled: bool = True
+    max_attempts: MaxAttempts | None = None
+
+
+class ChannelPatch(_Body):
+    config: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    name: Name | msgspec.UnsetType = msgspec.UNSET
+    recipient: Recipient | msgspec.UnsetType | None = msgspec.UNSET
+    event_types: (
+        Annotated[list[Pattern], msgspec.Meta(min_length=1, max_length=100)] | msgspec.UnsetType
+    ) = msgspec.UNSET
+    enabled: bool | msgspec.UnsetType = msgspec.UNSET
+    max_attempts: MaxAttempts | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class EventIn(_Body):
+    type: EventType
+    payload: dict[str, Any]
+    recipient: Recipient | None = None
+    channel_ids: Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)] | None = (
+        None
+    )
+    idempotency_key: IdempotencyKey | None = None
+
+
+class BatchIn(_Body):
+    events: Annotated[list[EventIn], msgspec.Meta(min_length=1)]

@@ -1,0 +1,41 @@
+"""The wire format of queue messages: what a worker needs to deliver, snapshotted at fan-out.
+
+The outbox body is built by Postgres in the ingest statement (``store/queries.sql``,
+``insert_events``) with exactly these keys; ``tests/integration`` decodes it with this type.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+
+class WorkerMessage(msgspec.Struct, frozen=True, kw_only=True):
+    delivery_id: uuid.UUID
+    event_id: uuid.UUID
+    tenant_id: uuid.UUID
+    channel_id: uuid.UUID
+    channel_type: str
+    channel_config: dict[str, Any]
+    event_type: str
+    recipient: str | None
+    payload: dict[str, Any]
+    created_at: datetime
+    attempt: int  # the number of the attempt this message asks for, 1-based
+    max_attempts: int
+
+
+_decoder = msgspec.json.Decoder(WorkerMessage)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_message(body: bytes) -> WorkerMessage:
+    """Raise ``msgspec.DecodeError`` (or its subclass ``ValidationError``) for a bad body."""
+    return _decoder.decode(body)
+
+
+def encode_message(message: WorkerMessage) -> bytes:
+    return _encoder.encode(message)

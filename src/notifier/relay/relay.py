@@ -1,0 +1,98 @@
+"""The outbox relay: doorbell-or-poll → claim → publish with confirms → delete.
+
+Rows are claimed ``FOR UPDATE SKIP LOCKED`` inside a transaction that lasts until their
+confirms are in, so concurrent relays never publish the same row. A row is deleted only after
+its confirm; a returned (unroutable) or nacked row stays, pushed back with a growing wait; a row
+whose confirm never came stays as it was and is published again (a duplicate, never a loss).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import trio
+
+from notifier.broker.base import Confirm, Outgoing, Publisher
+from notifier.broker.topology import EXCHANGE
+from notifier.errors import BrokerError, StoreUnavailable
+from notifier.lifecycle import Stop
+from notifier.store.rows import OutboxRow
+
+log = logging.getLogger("notifier.relay")
+
+
+class Claim(Protocol):
+    rows: list[OutboxRow]
+
+    async def finish(self, sent: Sequence[int], refused: dict[int, str]) -> None: ...
+
+
+class Bell(Protocol):
+    connected: bool
+
+    def clear(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+
+class OutboxStore(Protocol):
+    def claim_outbox(self, limit: int) -> AbstractAsyncContextManager[Claim]: ...
+
+    def open_doorbell(self) -> AbstractAsyncContextManager[Bell]: ...
+
+
+async def relay_once(store: OutboxStore, publisher: Publisher, batch_size: int) -> int:
+    """Trio-flavoured. Relay one batch; return how many rows were claimed."""
+    async with store.claim_outbox(batch_size) as claim:
+        if not claim.rows:
+            return 0
+        # message_id is the delivery id, and a return is matched to its publish by it: publish a
+        # delivery at most once per batch (a second row for it waits for the next batch).
+        batch: list[OutboxRow] = []
+        seen = set()
+        for row in claim.rows:
+            if row.delivery_id not in seen:
+                seen.add(row.delivery_id)
+                batch.append(row)
+        results = await publisher.publish_batch(
+            [Outgoing(EXCHANGE, r.routing_key, r.body, str(r.delivery_id)) for r in batch]
+        )
+        sent = [r.id for r, c in zip(batch, results, strict=True) if c is Confirm.CONFIRMED]
+        refused = {
+            r.id: f"broker {c.value} the message (routing key {r.routing_key!r})"
+            for r, c in zip(batch, results, strict=True)
+            if c in (Confirm.RETURNED, Confirm.NACKED)
+        }
+        for row_id, reason in refused.items():
+            log.warning("outbox row %d: %s; will retry", row_id, reason)
+        await claim.finish(sent, refused)
+        unconfirmed = len(batch) - len(sent) - len(refused)
+    if unconfirmed:
+        publisher.check()  # a broken channel ends this relay run, so the supervisor reconnects
+        raise BrokerError(f"{unconfirmed} publishes were not confirmed in time")
+    return len(claim.rows)
+
+
+async def relay_loop(
+    store: OutboxStore,
+    publisher: Publisher,
+    stop: Stop,
+    *,
+    batch_size: int,
+    poll_interval_seconds: float,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first."""
+    async with store.open_doorbell() as bell:
+        task_status.started()
+        while not stop.is_set():
+            bell.clear()
+            if await relay_once(store, publisher, batch_size) >= batch_size:
+                continue  # probably more waiting: no need to wait for the bell
+            if not bell.connected:
+                raise StoreUnavailable("the outbox LISTEN connection was lost")
+            with stop.intake(), trio.move_on_after(poll_interval_seconds):
+                await bell.wait()

@@ -1,0 +1,122 @@
+"""THE supervisor: the whole task tree of ``notifier run``, in pipeline order."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+from collections.abc import Iterable
+
+import trio
+
+from notifier.adapters.registry import build_adapters
+from notifier.broker import amqp
+from notifier.broker.topology import build_topology
+from notifier.config import Config
+from notifier.ingest.app import create_app
+from notifier.ingest.serve import serve_ingest
+from notifier.lifecycle import Stop, supervise
+from notifier.relay.relay import relay_loop
+from notifier.store import Store, open_store
+from notifier.worker.group import run_worker_group
+
+log = logging.getLogger("notifier.service")
+
+ROLES = ("ingest", "relay", "workers")
+
+
+async def run_relay(
+    config: Config,
+    store: Store,
+    stop: Stop,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. The relay on an AMQP connection of its own (DESIGN §10)."""
+    types = list(config.workers.enabled())
+    async with amqp.open_connection(
+        config.broker.url, name="relay", heartbeat_seconds=config.broker.heartbeat_seconds
+    ) as conn:
+        await conn.declare(
+            build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)
+        )
+        async with conn.open_publisher(config.broker.publish_timeout_seconds) as publisher:
+            await relay_loop(
+                store, publisher, stop, batch_size=config.relay.batch_size,
+                poll_interval_seconds=config.relay.poll_interval_seconds, task_status=task_status,
+            )  # fmt: skip
+
+
+async def run(
+    config: Config,
+    roles: Iterable[str] = ROLES,
+    *,
+    stop: Stop | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. Run the chosen roles until SIGINT/SIGTERM (or ``stop``), then drain.
+
+    Children start in pipeline order with ``nursery.start``, so a component that cannot start
+    (port taken, broker refusing the topology) fails the start-up before the next one starts.
+    ``task_status`` receives the ingest server's bound addresses (empty without ingest).
+    """
+    roles = set(roles)
+    stop = stop or Stop()
+    adapters = build_adapters(config)
+    grace = config.service.shutdown_grace_seconds
+    db = config.database
+    async with open_store(
+        db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds
+    ) as store:
+        async with trio.open_nursery() as root:
+            root.start_soon(_stop_on_signals, stop, root.cancel_scope)
+            root.start_soon(_bound_shutdown, stop, root.cancel_scope, grace)
+            binds: list[str] = []
+            async with trio.open_nursery() as services:
+                if "ingest" in roles:
+                    app = create_app(
+                        store, config, adapters,
+                        check_broker=functools.partial(amqp.probe, config.broker.url),
+                    )  # fmt: skip
+                    binds = await services.start(
+                        functools.partial(serve_ingest, grace_seconds=grace),
+                        app, config.ingest.bind, stop,
+                    )  # fmt: skip
+                if "relay" in roles:
+                    relay = functools.partial(run_relay, config, store, stop)
+                    await services.start(supervise, "relay", relay, stop)
+                if "workers" in roles:
+                    for channel_type, workers in config.workers.enabled().items():
+                        group = functools.partial(
+                            run_worker_group, channel_type, config, workers, store,
+                            adapters[channel_type], stop,
+                        )  # fmt: skip
+                        await services.start(supervise, f"workers.{channel_type}", group, stop)
+                log.info("notifier running: roles %s%s", ",".join(sorted(roles)),
+                         f", listening on {' '.join(binds)}" if binds else "")  # fmt: skip
+                task_status.started(binds)
+            root.cancel_scope.cancel()  # every service has stopped: end the signal watcher
+        for adapter in adapters.values():
+            await adapter.aclose()
+    log.info("notifier stopped")
+
+
+async def _stop_on_signals(stop: Stop, root: trio.CancelScope) -> None:
+    """First SIGINT/SIGTERM: graceful stop. Second: stop now."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if stop.is_set():
+                log.warning("second %s: stopping now", name)
+                root.cancel()
+                return
+            log.info("%s: stopping", name)
+            stop.set()
+
+
+async def _bound_shutdown(stop: Stop, root: trio.CancelScope, grace_seconds: float) -> None:
+    """Once a stop is requested, whatever is still running after the grace period is cancelled
+    (its unacked messages go back to the queue)."""
+    await stop.wait()
+    log.info("draining: in-flight work has %.1f s", grace_seconds)
+    root.deadline = trio.current_time() + grace_seconds + 1.0

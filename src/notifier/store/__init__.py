@@ -1,0 +1,19 @@
+"""Postgres access: the trio-flavoured ``Store`` and the row types it hands out."""
+
+from notifier.store.pg import (
+    Doorbell,
+    IdempotencyConflict,
+    OutboxClaim,
+    Store,
+    UnknownChannels,
+    open_store,
+)
+
+__all__ = [
+    "Doorbell",
+    "IdempotencyConflict",
+    "OutboxClaim",
+    "Store",
+    "UnknownChannels",
+    "open_store",
+]

@@ -1,0 +1,534 @@
+"""The only asyncpg code: a trio-flavoured ``Store`` over an asyncpg pool on the bridge loop.
+
+Every public method is Trio-flavoured and crosses the bridge exactly once; the asyncio-flavoured
+bodies (``_*_aio``) do all their round trips on the asyncio side. asyncpg errors are mapped to
+``StoreUnavailable`` (Postgres unreachable: callers answer 503 or retry) or ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+
+import asyncpg
+import msgspec
+import trio
+
+from notifier.bridge import aio, open_bridge
+from notifier.errors import StoreError, StoreUnavailable
+from notifier.store.rows import (
+    Attempt,
+    AttemptRecord,
+    Channel,
+    Delivery,
+    DeliveryState,
+    DeliverySummary,
+    Event,
+    IngestResult,
+    NewEvent,
+    OutboxRow,
+)
+
+log = logging.getLogger("notifier.store")
+
+SCHEMA_PATH = Path(__file__).with_name("schema.sql")
+QUERIES_PATH = Path(__file__).with_name("queries.sql")
+DOORBELL_CHANNEL = "notifier_outbox"
+_MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
+
+
+def load_queries(path: Path = QUERIES_PATH) -> dict[str, str]:
+    """Split a ``-- name: X`` annotated SQL file into named queries."""
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("-- name:"):
+            if name:
+                queries[name] = "\n".join(lines).strip()
+            name, lines = line.removeprefix("-- name:").strip(), []
+        elif name is not None:
+            lines.append(line)
+    if name:
+        queries[name] = "\n".join(lines).strip()
+    return queries
+
+
+Q = load_queries()
+
+_UNAVAILABLE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.InterfaceError,
+    asyncpg.TooManyConnectionsError,
+)
+
+Row = Any  # an asyncpg Record; it never leaves this module
+Conn = Any  # an asyncpg connection or pool proxy, used on the asyncio side only
+S = TypeVar("S")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _crossing(
+    fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """Make an asyncio-flavoured method Trio-flavoured: one bridge crossing, errors mapped."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await aio(fn, self, *args, **kwargs)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"Postgres error: {exc}") from exc
+
+    return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], wrapper)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # JSON goes in and out as text; msgspec does the work. `msgspec.Raw` passes pre-encoded JSON.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: msgspec.json.encode(value).decode(),
+        decoder=msgspec.json.decode,
+        schema="pg_catalog",
+        format="text",
+    )
+
+
+def _channel(row: Row) -> Channel:
+    return Channel(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        type=row["type"],
+        name=row["name"],
+        config=row["config"],
+        recipient=row["recipient"],
+        event_types=list(row["event_types"]),
+        enabled=row["enabled"],
+        max_attempts=row["max_attempts"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _summaries(items: list[dict[str, Any]]) -> list[DeliverySummary]:
+    return [
+        DeliverySummary(
+            id=uuid.UUID(d["id"]),
+            channel_id=uuid.UUID(d["channel_id"]),
+            channel_type=d["channel_type"],
+            status=d["status"],
+        )
+        for d in items
+    ]
+
+
+def _event(row: Row, idempotency_key: str | None) -> Event:
+    return Event(
+        id=row["id"],
+        type=row["type"],
+        recipient=row["recipient"],
+        payload=row["payload"],
+        idempotency_key=idempotency_key,
+        created_at=row["created_at"],
+        deliveries=_summaries(row["deliveries"]),
+    )
+
+
+def _delivery(row: Row, attempts: list[Attempt] | None = None) -> Delivery:
+    return Delivery(
+        id=row["id"],
+        event_id=row["event_id"],
+        channel_id=row["channel_id"],
+        channel_type=row["channel_type"],
+        status=row["status"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        last_error=row["last_error"],
+        next_attempt_at=row["next_attempt_at"],
+        delivered_at=row["delivered_at"],
+        created_at=row["created_at"],
+        attempts=attempts,
+    )
+
+
+class IdempotencyConflict(StoreError):
+    """An idempotency key was reused with a different request body."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"idempotency key {key!r} was already used with a different request")
+        self.key = key
+
+
+class UnknownChannels(StoreError):
+    """``channel_ids`` named channels that do not exist for this tenant."""
+
+    def __init__(self, ids: Sequence[uuid.UUID]) -> None:
+        super().__init__("unknown channel ids: " + ", ".join(str(i) for i in ids))
+        self.ids = list(ids)
+
+
+class Store:
+    """Trio-flavoured access to Postgres. Create with ``open_store``."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+
+    # -- schema and tenants -------------------------------------------------------------------
+
+    @_crossing
+    async def migrate(self) -> None:
+        sql = SCHEMA_PATH.read_text(encoding="utf-8")
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK)
+            await conn.execute(sql)
+
+    @_crossing
+    async def ping(self) -> None:
+        await self._pool.fetchval("SELECT 1")
+
+    @_crossing
+    async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
+        row = await self._pool.fetchrow(Q["tenant_create"], uuid.uuid4(), name, api_key_hash)
+        assert row is not None
+        tenant_id: uuid.UUID = row["id"]
+        return tenant_id
+
+    @_crossing
+    async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None:
+        tenant_id: uuid.UUID | None = await self._pool.fetchval(
+            Q["tenant_by_key_hash"], api_key_hash
+        )
+        return tenant_id
+
+    # -- channels -----------------------------------------------------------------------------
+
+    @_crossing
+    async def create_channel(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str,
+        name: str,
+        config: dict[str, Any],
+        recipient: str | None,
+        event_types: list[str],
+        enabled: bool,
+        max_attempts: int | None,
+    ) -> Channel:
+        row = await self._pool.fetchrow(
+            Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
+            event_types, enabled, max_attempts,
+        )  # fmt: skip
+        assert row is not None
+        return _channel(row)
+
+    @_crossing
+    async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None:
+        row = await self._pool.fetchrow(Q["channel_get"], tenant_id, channel_id)
+        return _channel(row) if row else None
+
+    @_crossing
+    async def list_channels(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str | None,
+        recipient: str | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Channel]:
+        at, last_id = after if after else (None, None)
+        rows = await self._pool.fetch(
+            Q["channel_list"], tenant_id, type, recipient, at, last_id, limit
+        )
+        return [_channel(r) for r in rows]
+
+    @_crossing
+    async def update_channel(self, channel: Channel) -> Channel | None:
+        row = await self._pool.fetchrow(
+            Q["channel_update"], channel.tenant_id, channel.id, channel.name, channel.config,
+            channel.recipient, channel.event_types, channel.enabled, channel.max_attempts,
+        )  # fmt: skip
+        return _channel(row) if row else None
+
+    @_crossing
+    async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool:
+        return await self._pool.fetchval(Q["channel_delete"], tenant_id, channel_id) is not None
+
+    # -- events -------------------------------------------------------------------------------
+
+    @_crossing
+    async def ingest(
+        self,
+        tenant_id: uuid.UUID,
+        events: Sequence[NewEvent],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult]:
+        """Store events, their deliveries and outbox rows atomically, in the order given.
+
+        Raises ``IdempotencyConflict`` or ``UnknownChannels`` having written nothing.
+        """
+        named = {cid for e in events for cid in (e.channel_ids or ())}
+        payload = [
+            {
+                "id": e.id,
+                "type": e.type,
+                "recipient": e.recipient,
+                "payload": e.payload,
+                "idempotency_key": e.idempotency_key,
+                "request_hash": e.request_hash,
+                "channel_ids": e.channel_ids,
+                "ord": i,
+            }
+            for i, e in enumerate(events)
+        ]
+        async with self._pool.acquire() as conn:
+            if named:
+                owned = {r["id"] for r in await conn.fetch(Q["channels_owned"], tenant_id, named)}
+                if missing := sorted(named - owned):
+                    raise UnknownChannels(missing)
+            if len(events) == 1:
+                # One statement, no explicit transaction: a single round trip. A key conflict
+                # writes nothing, so there is nothing to roll back.
+                return await self._ingest_rows(conn, tenant_id, events, payload, max_attempts)
+            async with conn.transaction():  # a conflict anywhere rolls back the whole batch
+                return await self._ingest_rows(conn, tenant_id, events, payload, max_attempts)
+
+    @staticmethod
+    async def _ingest_rows(
+        conn: Conn,
+        tenant_id: uuid.UUID,
+        events: Sequence[NewEvent],
+        payload: list[dict[str, Any]],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult]:
+        rows = await conn.fetch(Q["insert_events"], tenant_id, payload, max_attempts)
+        created = {r["id"]: r for r in rows}
+        earlier: dict[str, Row] = {}
+        if skipped := [e.idempotency_key for e in events if e.id not in created]:
+            for r in await conn.fetch(Q["events_by_keys"], tenant_id, skipped):
+                earlier[r["idempotency_key"]] = r
+        results = []
+        for e in events:
+            if e.id in created:
+                event = _event(created[e.id], e.idempotency_key)
+                results.append(IngestResult(event=event, created=True))
+                continue
+            assert e.idempotency_key is not None
+            prior = earlier.get(e.idempotency_key)
+            if prior is None or prior["request_hash"] != e.request_hash:
+                raise IdempotencyConflict(e.idempotency_key)
+            results.append(IngestResult(event=_event(prior, e.idempotency_key), created=False))
+        return results
+
+    @_crossing
+    async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None:
+        row = await self._pool.fetchrow(Q["event_get"], tenant_id, event_id)
+        return _event(row, row["idempotency_key"]) if row else None
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    @_crossing
+    async def list_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str | None,
+        channel_id: uuid.UUID | None,
+        event_id: uuid.UUID | None,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Delivery]:
+        at, last_id = before if before else (None, None)
+        rows = await self._pool.fetch(
+            Q["delivery_list"], tenant_id, status, channel_id, event_id, at, last_id, limit
+        )
+        return [_delivery(r) for r in rows]
+
+    @_crossing
+    async def get_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> Delivery | None:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(Q["delivery_get"], tenant_id, delivery_id)
+            if row is None:
+                return None
+            attempts = [
+                Attempt(**dict(a)) for a in await conn.fetch(Q["delivery_attempts"], delivery_id)
+            ]
+            return _delivery(row, attempts)
+
+    @_crossing
+    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
+        row = await self._pool.fetchrow(Q["delivery_state"], delivery_id)
+        return DeliveryState(row["status"], row["attempt"]) if row else None
+
+    @_crossing
+    async def record_attempt(self, rec: AttemptRecord) -> bool:
+        """Settle one attempt; False when the delivery had already moved past it."""
+        moved: bool = await self._pool.fetchval(
+            Q["attempt_record"], rec.delivery_id, rec.attempt, rec.status, rec.outcome,
+            rec.started_at, rec.duration_ms, rec.status_code, rec.error, rec.response_excerpt,
+            rec.next_attempt_at,
+        )  # fmt: skip
+        return moved
+
+    # -- outbox -------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def claim_outbox(self, limit: int) -> AsyncIterator[OutboxClaim]:
+        """Trio-flavoured. Lock up to ``limit`` due outbox rows for the length of the block.
+
+        Rows stay locked (other relays skip them) until the block ends; the changes made through
+        the claim commit when it ends normally and roll back when it raises or is cancelled.
+        """
+        conn = await self._acquire()
+        claim = OutboxClaim(conn)
+        try:
+            await claim._begin(limit)
+            yield claim
+            await claim._commit()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await claim._close(self._pool)
+
+    @_crossing
+    async def _acquire(self) -> Conn:
+        return await self._pool.acquire()
+
+    @_crossing
+    async def outbox_depth(self) -> int:
+        depth: int = await self._pool.fetchval(Q["outbox_depth"])
+        return depth
+
+    @asynccontextmanager
+    async def open_doorbell(self) -> AsyncIterator[Doorbell]:
+        """Trio-flavoured. LISTEN on the outbox channel on a connection of its own."""
+        bell = Doorbell()
+        token = trio.lowlevel.current_trio_token()
+
+        def on_notify(*_: object) -> None:  # asyncio-flavoured callback
+            token.run_sync_soon(bell.ring)
+
+        try:
+            conn: asyncpg.Connection = await aio(asyncpg.connect, self._dsn, timeout=10)
+            await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        conn.add_termination_listener(lambda *_: token.run_sync_soon(bell.lost))
+        try:
+            yield bell
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await aio(conn.close, timeout=5)
+                except Exception:
+                    conn.terminate()
+
+
+class Doorbell:
+    """Rings when something was inserted into the outbox. A hint only: the relay also polls."""
+
+    def __init__(self) -> None:
+        self._rung = trio.Event()
+        self.connected = True
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    def lost(self) -> None:
+        self.connected = False
+        self._rung.set()
+
+    def clear(self) -> None:
+        if self._rung.is_set():
+            self._rung = trio.Event()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+
+class OutboxClaim:
+    """Rows claimed by one relay pass. Trio-flavoured methods; one crossing each."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._tx: Any = None
+        self.rows: list[OutboxRow] = []
+
+    @_crossing
+    async def _begin(self, limit: int) -> None:
+        self._tx = self._conn.transaction()
+        await self._tx.start()
+        records = await self._conn.fetch(Q["outbox_claim"], limit)
+        self.rows = [
+            OutboxRow(r["id"], r["delivery_id"], r["routing_key"], r["body"]) for r in records
+        ]
+
+    @_crossing
+    async def finish(self, sent: Sequence[int], refused: Mapping[int, str]) -> None:
+        """Delete the rows the broker confirmed; push back the ones it refused."""
+        if sent:
+            await self._conn.execute(Q["outbox_delete"], list(sent))
+        if refused:
+            await self._conn.execute(Q["outbox_refused"], list(refused), list(refused.values()))
+
+    @_crossing
+    async def _commit(self) -> None:
+        await self._tx.commit()
+        self._tx = None
+
+    async def _close(self, pool: asyncpg.Pool) -> None:
+        """Trio-flavoured; roll back anything unfinished and give the connection back."""
+
+        async def close() -> None:
+            try:
+                if self._tx is not None and not self._conn.is_closed():
+                    await self._tx.rollback()
+            finally:
+                await pool.release(self._conn)
+
+        try:
+            await aio(close)
+        except Exception:
+            log.warning("outbox claim: could not roll back cleanly", exc_info=True)
+            self._conn.terminate()
+
+
+@asynccontextmanager
+async def open_store(
+    dsn: str, *, max_size: int = 20, connect_timeout_seconds: float = 5.0
+) -> AsyncIterator[Store]:
+    """Trio-flavoured. Open the bridge (if needed) and a pool; close it on exit."""
+    async with open_bridge():
+        try:
+            pool = await aio(
+                asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
+                timeout=connect_timeout_seconds, init=_init_connection, command_timeout=60,
+            )  # fmt: skip
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"cannot connect to Postgres: {exc!r}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"cannot connect to Postgres: {exc}") from exc
+        try:
+            yield Store(pool, dsn)
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(10) as closing:
+                    await aio(pool.close)
+                if closing.cancelled_caught:
+                    pool.terminate()

@@ -1,0 +1,191 @@
+-- Named queries of the store. Each block starts with `-- name: NAME`.
+
+-- name: tenant_create
+INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, $2, $3)
+RETURNING id, name;
+
+-- name: tenant_by_key_hash
+SELECT id FROM tenants WHERE api_key_hash = $1;
+
+-- name: channel_insert
+INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: channel_get
+SELECT * FROM channels WHERE tenant_id = $1 AND id = $2;
+
+-- name: channel_list
+SELECT * FROM channels
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::text IS NULL OR recipient = $3)
+  AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid))
+ORDER BY created_at, id
+LIMIT $6;
+
+-- name: channel_update
+UPDATE channels SET
+    name = $3, config = $4, recipient = $5, event_types = $6, enabled = $7, max_attempts = $8,
+    updated_at = now()
+WHERE tenant_id = $1 AND id = $2
+RETURNING *;
+
+-- name: channel_delete
+DELETE FROM channels WHERE tenant_id = $1 AND id = $2 RETURNING id;
+
+-- name: channels_owned
+SELECT id FROM channels WHERE tenant_id = $1 AND id = ANY($2::uuid[]);
+
+-- name: insert_events
+-- One round trip for a whole batch: the events, their fan-out deliveries and the outbox rows
+-- carrying each delivery's WorkerMessage (see notifier/messages.py). $2 is a JSON array of
+-- {id, type, recipient, payload, idempotency_key, request_hash, channel_ids}; $3 maps a channel
+-- type to its default max_attempts. Events whose idempotency key already exists are skipped
+-- (ON CONFLICT DO NOTHING) and come back absent from the result.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(
+        id uuid, type text, recipient text, payload jsonb, idempotency_key text,
+        request_hash text, channel_ids uuid[], ord integer)
+),
+ev AS (
+    INSERT INTO events (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
+    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input ORDER BY ord
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, type, recipient, payload, created_at
+),
+targets AS (
+    SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, c.id AS channel_id,
+           c.type AS channel_type, c.config,
+           coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts
+    FROM ev
+    JOIN input i ON i.id = ev.id
+    JOIN channels c ON c.tenant_id = $1 AND c.enabled AND (
+        CASE WHEN i.channel_ids IS NOT NULL THEN c.id = ANY (i.channel_ids)
+        ELSE c.recipient IS NOT DISTINCT FROM ev.recipient
+             AND EXISTS (
+                 SELECT 1 FROM unnest(c.event_types) AS p
+                 WHERE p = '*' OR p = ev.type
+                    OR (right(p, 2) = '.*' AND starts_with(ev.type, left(p, -1))))
+        END)
+),
+dl AS (
+    INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, max_attempts)
+    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts FROM targets
+),
+ob AS (
+    INSERT INTO outbox (delivery_id, routing_key, body)
+    SELECT t.delivery_id, t.channel_type, convert_to(jsonb_build_object(
+               'delivery_id', t.delivery_id, 'event_id', ev.id, 'tenant_id', $1::uuid,
+               'channel_id', t.channel_id, 'channel_type', t.channel_type,
+               'channel_config', t.config, 'event_type', ev.type, 'recipient', ev.recipient,
+               'payload', ev.payload, 'created_at', ev.created_at,
+               'attempt', 1, 'max_attempts', t.max_attempts)::text, 'UTF8')
+    FROM targets t JOIN ev ON ev.id = t.event_id
+)
+SELECT ev.id, ev.type, ev.recipient, ev.payload, ev.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', t.delivery_id, 'channel_id', t.channel_id,
+                     'channel_type', t.channel_type, 'status', 'PENDING')
+                     ORDER BY t.channel_id)
+                 FROM targets t WHERE t.event_id = ev.id), '[]'::jsonb) AS deliveries
+FROM ev;
+
+-- name: events_by_keys
+SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.request_hash, e.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', d.id, 'channel_id', d.channel_id,
+                     'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
+                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
+FROM events e
+WHERE e.tenant_id = $1 AND e.idempotency_key = ANY($2::text[]);
+
+-- name: event_get
+SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', d.id, 'channel_id', d.channel_id,
+                     'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
+                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
+FROM events e
+WHERE e.tenant_id = $1 AND e.id = $2;
+
+-- name: delivery_list
+SELECT id, event_id, channel_id, channel_type, status, attempt, max_attempts, last_error,
+       next_attempt_at, delivered_at, created_at
+FROM deliveries
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::uuid IS NULL OR channel_id = $3)
+  AND ($4::uuid IS NULL OR event_id = $4)
+  AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $7;
+
+-- name: delivery_get
+SELECT id, event_id, channel_id, channel_type, status, attempt, max_attempts, last_error,
+       next_attempt_at, delivered_at, created_at
+FROM deliveries
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: delivery_attempts
+SELECT attempt, outcome, status_code, duration_ms, error, started_at
+FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
+
+-- name: delivery_state
+SELECT status, attempt FROM deliveries WHERE id = $1;
+
+-- name: attempt_record
+-- Settle one attempt: move the delivery forward (never out of DELIVERED or DEAD, never back to
+-- an older attempt) and write the attempt row, in one statement. Returns whether the delivery
+-- row moved.
+WITH upd AS (
+    UPDATE deliveries SET
+        status = $3,
+        attempt = $2,
+        last_error = $8,
+        next_attempt_at = $10,
+        delivered_at = CASE WHEN $3 = 'DELIVERED' THEN now() ELSE delivered_at END,
+        updated_at = now()
+    WHERE id = $1 AND status NOT IN ('DELIVERED', 'DEAD') AND attempt <= $2
+    RETURNING id
+),
+ins AS (
+    INSERT INTO delivery_attempts
+        (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt)
+    SELECT $1, $2, $5, $6, $4, $7, $8, $9
+    WHERE EXISTS (SELECT 1 FROM deliveries WHERE id = $1)
+)
+SELECT EXISTS (SELECT 1 FROM upd) AS moved;
+
+-- name: outbox_claim
+-- Fresh rows in id order plus refused rows whose wait is over, locked so that concurrent relays
+-- skip them. No id cursor: rows from transactions that commit out of order are never skipped.
+WITH fresh AS (
+    SELECT id, delivery_id, routing_key, body FROM outbox
+    WHERE publish_failures = 0
+    ORDER BY id LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT id, delivery_id, routing_key, body FROM outbox
+    WHERE publish_failures > 0 AND available_at <= now()
+    ORDER BY available_at LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM fresh UNION ALL SELECT * FROM due
+LIMIT $1;
+
+-- name: outbox_delete
+DELETE FROM outbox WHERE id = ANY($1::bigint[]);
+
+-- name: outbox_refused
+-- Rows the broker refused: try again after a growing wait (1 s, 2 s, 4 s ... capped at 5 min).
+UPDATE outbox SET
+    publish_failures = publish_failures + 1,
+    available_at = now() + least(300, power(2, publish_failures)) * interval '1 second',
+    last_error = r.error
+FROM unnest($1::bigint[], $2::text[]) AS r(id, error)
+WHERE outbox.id = r.id;
+
+-- name: outbox_depth
+SELECT count(*) FROM outbox;

@@ -1,0 +1,116 @@
+"""Plain row types the store hands out, so no asyncpg ``Record`` leaves the store."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+DELIVERY_STATUSES = ("PENDING", "RETRYING", "DELIVERED", "DEAD")
+TERMINAL_STATUSES = frozenset({"DELIVERED", "DEAD"})
+
+
+class Channel(msgspec.Struct, frozen=True, kw_only=True):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    type: str
+    name: str
+    config: dict[str, Any]
+    recipient: str | None
+    event_types: list[str]
+    enabled: bool
+    max_attempts: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class DeliverySummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: uuid.UUID
+    channel_id: uuid.UUID
+    channel_type: str
+    status: str
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    id: uuid.UUID
+    type: str
+    recipient: str | None
+    payload: dict[str, Any]
+    idempotency_key: str | None
+    created_at: datetime
+    deliveries: list[DeliverySummary]
+
+
+class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event to ingest; ``id`` is chosen by the caller so results can be matched up."""
+
+    id: uuid.UUID
+    type: str
+    recipient: str | None
+    payload: msgspec.Raw  # the JSON object exactly as received
+    idempotency_key: str | None
+    request_hash: str
+    channel_ids: list[uuid.UUID] | None
+
+
+class IngestResult(msgspec.Struct, frozen=True, kw_only=True):
+    event: Event
+    created: bool  # False: an earlier event with the same idempotency key and body
+
+
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    attempt: int
+    outcome: str
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+    started_at: datetime
+
+
+class Delivery(msgspec.Struct, frozen=True, kw_only=True):
+    id: uuid.UUID
+    event_id: uuid.UUID
+    channel_id: uuid.UUID
+    channel_type: str
+    status: str
+    attempt: int
+    max_attempts: int
+    last_error: str | None
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    created_at: datetime
+    attempts: list[Attempt] | None = None
+
+
+class DeliveryState(msgspec.Struct, frozen=True):
+    status: str
+    attempt: int
+
+
+class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker writes when it settles one attempt: the new status plus the attempt row."""
+
+    delivery_id: uuid.UUID
+    attempt: int
+    status: str
+    outcome: str
+    started_at: datetime
+    duration_ms: int
+    status_code: int | None = None
+    error: str | None = None
+    response_excerpt: str | None = None
+    next_attempt_at: datetime | None = None
+
+
+class OutboxRow(msgspec.Struct, frozen=True):
+    id: int
+    delivery_id: uuid.UUID
+    routing_key: str
+    body: bytes
+
+
+class Page(msgspec.Struct, frozen=True):
+    items: list[Any]
+    next_cursor: str | None

@@ -1,0 +1,275 @@
+"""Fakes that ship with notifier, for its own tests and for anyone embedding it.
+
+- ``WebhookSink``: a small HTTP server on trio that records every webhook it receives.
+- ``MemoryOutbox``: an in-memory outbox with the relay's claim/finish/doorbell interface.
+- ``MemoryBroker``: an in-memory publisher with RabbitMQ's routing, returns and nacks.
+- ``fanout_targets``: the fan-out rule in Python, as the store's SQL implements it.
+
+They implement the same interfaces the production classes do; nothing is monkeypatched.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import trio
+
+from notifier.broker.base import Confirm, Outgoing
+from notifier.errors import BrokerError
+from notifier.store.rows import Channel, OutboxRow
+
+# -- webhook sink -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # trio.current_time() when it arrived
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class WebhookSink:
+    """Records requests; answers each with ``respond(received) -> (status, headers, body)``."""
+
+    respond: Callable[[Received], tuple[int, dict[str, str], bytes]] = field(
+        default=lambda _: (200, {}, b"ok")
+    )
+    received: list[Received] = field(default_factory=list)
+    port: int = 0
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def wait_for(self, count: int) -> list[Received]:
+        """Wait until at least ``count`` requests arrived (bound it with ``trio.fail_after``)."""
+        while len(self.received) < count:
+            await self._changed.wait()
+        return self.received
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request: h11.Request | None = None
+                body = b""
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            return
+                        conn.receive_data(data)
+                    elif isinstance(event, h11.Request):
+                        request = event
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        return
+                assert request is not None
+                got = Received(
+                    method=request.method.decode(),
+                    path=request.target.decode(),
+                    headers={k.decode().lower(): v.decode() for k, v in request.headers},
+                    body=body,
+                    at=trio.current_time(),
+                )
+                self.received.append(got)
+                self._changed.set()
+                self._changed = trio.Event()
+                status, headers, payload = self.respond(got)
+                out = [(k, v) for k, v in headers.items()] + [("content-length", str(len(payload)))]
+                await stream.send_all(conn.send(h11.Response(status_code=status, headers=out)))
+                await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
+                await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+                if conn.our_state is h11.MUST_CLOSE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, h11.RemoteProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+
+@asynccontextmanager
+async def open_sink(
+    respond: Callable[[Received], tuple[int, dict[str, str], bytes]] | None = None,
+) -> AsyncIterator[WebhookSink]:
+    sink = WebhookSink(respond) if respond else WebhookSink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sink.serve)
+        yield sink
+        nursery.cancel_scope.cancel()
+
+
+# -- fan-out rule -------------------------------------------------------------------------------
+
+
+def pattern_matches(pattern: str, event_type: str) -> bool:
+    """``*`` matches everything, ``a.b.*`` matches ``a.b.<anything>``, else exact."""
+    if pattern == "*":
+        return True
+    if pattern.endswith(".*"):
+        return event_type.startswith(pattern[:-1])
+    return pattern == event_type
+
+
+def fanout_targets(
+    channels: Iterable[Channel],
+    *,
+    tenant_id: uuid.UUID,
+    event_type: str,
+    recipient: str | None,
+    channel_ids: Sequence[uuid.UUID] | None = None,
+) -> list[Channel]:
+    """The channels an event goes to (DESIGN §3): enabled channels of the tenant that are named
+    in ``channel_ids``, or, without it, whose recipient equals the event's (both may be None)
+    and one of whose patterns matches the event type."""
+    out = []
+    for c in channels:
+        if c.tenant_id != tenant_id or not c.enabled:
+            continue
+        if channel_ids is not None:
+            if c.id in channel_ids:
+                out.append(c)
+        elif c.recipient == recipient and any(pattern_matches(p, event_type) for p in c.event_types):
+            out.append(c)
+    return out
+
+
+# -- in-memory outbox ---------------------------------------------------------------------------
+
+
+class MemoryDoorbell:
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.connected = True
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        if self._event.is_set():
+            self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class MemoryClaim:
+    def __init__(self, outbox: MemoryOutbox, rows: list[OutboxRow]) -> None:
+        self._outbox = outbox
+        self.rows = rows
+        self._sent: list[int] = []
+        self._refused: dict[int, str] = {}
+
+    async def finish(self, sent: Sequence[int], refused: dict[int, str]) -> None:
+        await trio.lowlevel.checkpoint()
+        self._sent, self._refused = list(sent), dict(refused)
+
+
+class MemoryOutbox:
+    """The outbox with its locking semantics: claimed rows are invisible to other claims until
+    the claim ends; deletes and refusals take effect only if the claim ends without error."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, OutboxRow] = {}
+        self.refused: dict[int, str] = {}  # row id -> last error
+        self._locked: set[int] = set()
+        self._next_id = 1
+        self.bell = MemoryDoorbell()
+
+    def add(self, delivery_id: uuid.UUID, routing_key: str, body: bytes) -> int:
+        row_id = self._next_id
+        self._next_id += 1
+        self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body)
+        self.bell.ring()
+        return row_id
+
+    @asynccontextmanager
+    async def claim_outbox(self, limit: int) -> AsyncIterator[MemoryClaim]:
+        await trio.lowlevel.checkpoint()
+        free = [r for i, r in sorted(self.rows.items()) if i not in self._locked]
+        fresh = [r for r in free if r.id not in self.refused]
+        again = [r for r in free if r.id in self.refused]  # no waiting in memory: due at once
+        free = (fresh + again)[:limit]
+        claim = MemoryClaim(self, free)
+        self._locked.update(r.id for r in free)
+        try:
+            yield claim
+            for row_id in claim._sent:
+                self.rows.pop(row_id, None)
+                self.refused.pop(row_id, None)
+            self.refused.update(claim._refused)
+        finally:
+            self._locked.difference_update(r.id for r in free)
+
+    @asynccontextmanager
+    async def open_doorbell(self) -> AsyncIterator[MemoryDoorbell]:
+        await trio.lowlevel.checkpoint()
+        yield self.bell
+
+
+# -- in-memory broker ---------------------------------------------------------------------------
+
+
+class MemoryBroker:
+    """Routes by (exchange, routing key) like a direct exchange. Unroutable messages come back
+    ``RETURNED``; ``nack_next``/``drop_confirms`` simulate a refusing or silent broker."""
+
+    def __init__(self) -> None:
+        self.bindings: dict[tuple[str, str], str] = {}
+        self.queues: dict[str, list[Outgoing]] = defaultdict(list)
+        self.published: list[Outgoing] = []
+        self.nack_next = 0
+        self.drop_confirms = False
+        self.closed = False
+
+    def bind(self, exchange: str, routing_key: str, queue: str) -> None:
+        self.bindings[(exchange, routing_key)] = queue
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        await trio.lowlevel.checkpoint()
+        results = []
+        for m in messages:
+            self.published.append(m)
+            queue = self.bindings.get((m.exchange, m.routing_key))
+            if self.drop_confirms:
+                if queue:
+                    self.queues[queue].append(m)  # it may have landed; we just never heard
+                results.append(Confirm.UNCONFIRMED)
+            elif queue is None:
+                results.append(Confirm.RETURNED)
+            elif self.nack_next > 0:
+                self.nack_next -= 1
+                results.append(Confirm.NACKED)
+            else:
+                self.queues[queue].append(m)
+                results.append(Confirm.CONFIRMED)
+        return results
+
+    def check(self) -> None:
+        if self.closed:
+            raise BrokerError("memory broker closed")
