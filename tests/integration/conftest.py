@@ -1,0 +1,164 @@
+"""Integration fixtures: a fresh Postgres database (from a migrated template) and a fresh
+RabbitMQ vhost per test, both removed afterwards; an in-process notifier and an API client."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import trio
+
+from notifier import service
+from notifier.config import Config, parse_config
+from notifier.ingest.app import hash_api_key
+from notifier.lifecycle import Stop
+from notifier.store.pg import SCHEMA_PATH
+
+PG_ADMIN = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_BASE = PG_ADMIN.rsplit("/", 1)[0]
+AMQP_BASE = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
+TEMPLATE = f"notifier_test_tmpl_{os.getpid()}"
+
+pytestmark = pytest.mark.integration
+
+
+def _pg(sql: str, url: str = PG_ADMIN) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    _pg(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+    _pg(f'CREATE DATABASE "{TEMPLATE}"')
+    _pg(SCHEMA_PATH.read_text(), f"{PG_BASE}/{TEMPLATE}")
+    yield TEMPLATE
+    _pg(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(pg_template: str) -> Iterator[str]:
+    name = f"notifier_test_{uuid.uuid4().hex[:12]}"
+    _pg(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield f"{PG_BASE}/{name}"
+    _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def rabbitmqctl(*args: str) -> str:
+    return subprocess.run(
+        ["rabbitmqctl", "-q", *args], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+
+
+@pytest.fixture
+def vhost() -> Iterator[str]:
+    name = f"notifier_test_{uuid.uuid4().hex[:12]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    yield name
+    rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture
+def broker_url(vhost: str) -> str:
+    return f"{AMQP_BASE}/{vhost}"
+
+
+def queue_depths(vhost: str) -> dict[str, int]:
+    out = rabbitmqctl("list_queues", "-p", vhost, "name", "messages", "--no-table-headers")
+    depths = {}
+    for line in out.splitlines():
+        if line.strip():
+            name, count = line.split()
+            depths[name] = int(count)
+    return depths
+
+
+def make_config(database_url: str, broker_url: str, **overrides: Any) -> Config:
+    data: dict[str, Any] = {
+        "service": {"shutdown_grace_seconds": 5},
+        "database": {"url": database_url, "pool_max_size": 10},
+        "broker": {"url": broker_url},
+        "ingest": {"bind": "127.0.0.1:0"},
+        "relay": {"poll_interval_seconds": 0.5},
+        "workers": {"webhook": {"concurrency": 4, "prefetch": 8, "allow_private_networks": True}},
+    }
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    return parse_config(data, env={})
+
+
+@pytest.fixture
+def config(database_url: str, broker_url: str) -> Config:
+    return make_config(database_url, broker_url)
+
+
+async def sql(url: str, query: str, *args: Any) -> list[Any]:
+    """Run a query on a thread of its own (plain asyncio, no bridge) and return the rows."""
+
+    async def run() -> list[Any]:
+        conn = await asyncpg.connect(url)
+        try:
+            return list(await conn.fetch(query, *args))
+        finally:
+            await conn.close()
+
+    return await trio.to_thread.run_sync(asyncio.run, run())
+
+
+async def count_rows(url: str) -> dict[str, int]:
+    tables = ["events", "deliveries", "delivery_attempts", "outbox", "channels"]
+    rows = await sql(url, " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in tables))
+    return {r[0]: r[1] for r in rows}
+
+
+async def create_tenant(url: str, name: str | None = None) -> str:
+    """Create a tenant straight in the database; return its API key."""
+    key = f"nk_test_{uuid.uuid4().hex}"
+    await sql(
+        url,
+        "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, $2, $3)",
+        uuid.uuid4(),
+        name or f"tenant-{uuid.uuid4().hex[:8]}",
+        hash_api_key(key),
+    )
+    return key
+
+
+@dataclass
+class Running:
+    base_url: str
+    stop: Stop
+
+    def client(self, api_key: str | None = None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=10)
+
+
+@asynccontextmanager
+async def run_notifier(
+    config: Config, roles: tuple[str, ...] = service.ROLES
+) -> AsyncIterator[Running]:
+    """Run notifier in this process; stop it gracefully on exit."""
+    stop = Stop()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(functools.partial(service.run, config, roles, stop=stop))
+        base = binds[0] if binds else ""
+        yield Running(base, stop)
+        stop.set()
