@@ -49,6 +49,7 @@ class WebhookSink:
     )
     received: list[Received] = field(default_factory=list)
     port: int = 0
+    delay_seconds: float = 0.0  # how long each answer takes (to hold deliveries in flight)
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -99,6 +100,8 @@ class WebhookSink:
                 self.received.append(got)
                 self._changed.set()
                 self._changed = trio.Event()
+                if self.delay_seconds:
+                    await trio.sleep(self.delay_seconds)
                 status, headers, payload = self.respond(got)
                 out = [(k, v) for k, v in headers.items()] + [("content-length", str(len(payload)))]
                 await stream.send_all(conn.send(h11.Response(status_code=status, headers=out)))
@@ -116,8 +119,13 @@ class WebhookSink:
 @asynccontextmanager
 async def open_sink(
     respond: Callable[[Received], tuple[int, dict[str, str], bytes]] | None = None,
+    *,
+    port: int = 0,
+    delay_seconds: float = 0.0,
 ) -> AsyncIterator[WebhookSink]:
-    sink = WebhookSink(respond) if respond else WebhookSink()
+    sink = WebhookSink(port=port, delay_seconds=delay_seconds)
+    if respond is not None:
+        sink.respond = respond
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.serve)
         yield sink

@@ -1,0 +1,139 @@
+"""SIGTERM while deliveries are in flight loses nothing: a real `notifier run` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from notifier.testing import open_sink
+from tests.integration.conftest import create_tenant, sql
+
+EVENTS = 40
+
+
+def write_config(path: Path, database_url: str, broker_url: str, port: int) -> None:
+    path.write_text(
+        f"""
+[service]
+shutdown_grace_seconds = 8
+
+[database]
+url = "{database_url}"
+
+[broker]
+url = "{broker_url}"
+
+[ingest]
+bind = "127.0.0.1:{port}"
+
+[relay]
+poll_interval_seconds = 0.5
+
+[workers.webhook]
+concurrency = 4
+prefetch = 16
+timeout_seconds = 5
+allow_private_networks = true
+"""
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_notifier(config_path: Path, log: Path) -> trio.Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
+    with log.open("ab") as out:
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-m", "notifier", "run", "--config", str(config_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+async def wait_ready(base: str) -> None:
+    async with httpx.AsyncClient(base_url=base) as client:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    if (await client.get("/healthz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.05)
+
+
+async def test_sigterm_with_deliveries_in_flight_loses_nothing(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    port = free_port()
+    config_path = tmp_path / "notifier.toml"
+    log = tmp_path / "notifier.log"
+    write_config(config_path, database_url, broker_url, port)
+    base = f"http://127.0.0.1:{port}"
+    key = await create_tenant(database_url)
+
+    async with open_sink(delay_seconds=1.0) as sink:
+        proc = await start_notifier(config_path, log)
+        try:
+            await wait_ready(base)
+            async with httpx.AsyncClient(
+                base_url=base, headers={"Authorization": f"Bearer {key}"}
+            ) as api:
+                ch = await api.post(
+                    "/v1/channels", json={"type": "webhook", "config": {"url": sink.url}}
+                )
+                assert ch.status_code == 201, ch.text
+                for i in range(EVENTS):
+                    resp = await api.post("/v1/events", json={"type": "t.x", "payload": {"i": i}})
+                    assert resp.status_code == 202, resp.text
+            with trio.fail_after(20):
+                await sink.wait_for(4)  # the four workers are each holding one delivery
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(15):
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+        assert code == 0, log.read_text()
+        delivered_before = {
+            r[0] for r in await sql(database_url, "SELECT id FROM deliveries WHERE status = 'DELIVERED'")
+        }
+        assert delivered_before, "the in-flight deliveries finished within the grace period"
+        assert len(delivered_before) < EVENTS, "some deliveries were still queued at shutdown"
+
+        sink.delay_seconds = 0.0
+        proc = await start_notifier(config_path, log)
+        try:
+            with trio.fail_after(30):
+                while True:
+                    rows = await sql(
+                        database_url, "SELECT count(*) FROM deliveries WHERE status = 'DELIVERED'"
+                    )
+                    if rows[0][0] == EVENTS:
+                        break
+                    await trio.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(15):
+                assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+
+    ids = {str(r[0]) for r in await sql(database_url, "SELECT id FROM deliveries")}
+    received = [r.headers["webhook-id"] for r in sink.received]
+    assert set(received) == ids  # every accepted event reached the receiver
+    assert len(received) == len(set(received)), "a graceful shutdown causes no duplicates"
+    assert (await sql(database_url, "SELECT count(*) FROM outbox"))[0][0] == 0
