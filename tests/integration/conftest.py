@@ -8,7 +8,7 @@ import functools
 import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +120,17 @@ async def sql(url: str, query: str, *args: Any) -> list[Any]:
             await conn.close()
 
     return await trio.to_thread.run_sync(asyncio.run, run())
+
+
+async def poll(check: Callable[[], Awaitable[bool]], *, interval_seconds: float = 0.05) -> None:
+    """Wait until ``check()`` is true. For state outside this process (Postgres, RabbitMQ),
+    which has no trio event to wait on; callers bound it with ``trio.fail_after``."""
+    while not await check():  # noqa: ASYNC110
+        await trio.sleep(interval_seconds)
+
+
+async def scalar(url: str, query: str, *args: Any) -> Any:
+    return (await sql(url, query, *args))[0][0]
 
 
 async def count_rows(url: str) -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from typing import Any
 
 import trio
 
@@ -15,7 +16,7 @@ from notifier.broker.topology import main_queue
 from notifier.config import Config
 from notifier.lifecycle import Stop
 from notifier.store import open_store
-from tests.integration.conftest import make_config, sql
+from tests.integration.conftest import make_config, poll, scalar, sql
 
 ROWS_BEFORE = 600
 ROWS_DURING = 600
@@ -52,10 +53,16 @@ async def drain_queue(config: Config, queue: str, expected: int) -> list[str]:
     return seen
 
 
-async def test_three_relays_publish_each_row_exactly_once(database_url: str, broker_url: str) -> None:
+async def test_three_relays_publish_each_row_exactly_once(
+    database_url: str, broker_url: str
+) -> None:
     config = make_config(database_url, broker_url, relay={"batch_size": 50})
     ids = await insert_outbox_rows(database_url, ROWS_BEFORE)
     stops = [Stop() for _ in range(3)]
+
+    async def outbox_empty() -> bool:
+        return await scalar(database_url, "SELECT count(*) FROM outbox") == 0
+
     async with open_bridge(), trio.open_nursery() as nursery:
         for stop in stops:
             run = functools.partial(service.run, config, ("relay",), stop=stop)
@@ -64,8 +71,7 @@ async def test_three_relays_publish_each_row_exactly_once(database_url: str, bro
         for _ in range(ROWS_DURING // 50):
             ids += await insert_outbox_rows(database_url, 50)
         with trio.fail_after(60):
-            while (await sql(database_url, "SELECT count(*) FROM outbox"))[0][0]:
-                await trio.sleep(0.05)
+            await poll(outbox_empty)
         for stop in stops:
             stop.set()
         seen = await drain_queue(config, main_queue("webhook"), len(ids))
@@ -87,14 +93,17 @@ async def test_unroutable_row_stays_in_the_outbox_with_its_error(
         stop = Stop()
         async with trio.open_nursery() as nursery:
             await nursery.start(functools.partial(service.run, config, ("relay",), stop=stop))
+            rows: list[Any] = []
+
+            async def only_the_unroutable_row_left() -> bool:
+                nonlocal rows
+                rows = await sql(
+                    database_url, "SELECT routing_key, publish_failures, last_error FROM outbox"
+                )
+                return len(rows) == 1 and rows[0]["publish_failures"] >= 1
+
             with trio.fail_after(20):
-                while True:
-                    rows = await sql(
-                        database_url, "SELECT routing_key, publish_failures, last_error FROM outbox"
-                    )
-                    if len(rows) == 1 and rows[0]["publish_failures"] >= 1:
-                        break
-                    await trio.sleep(0.05)
+                await poll(only_the_unroutable_row_left)
             stop.set()
         assert await store.outbox_depth() == 1
     assert rows[0]["routing_key"] == "nowhere"

@@ -12,7 +12,7 @@ import httpx
 import trio
 
 from notifier.testing import open_sink
-from tests.integration.conftest import create_tenant, sql
+from tests.integration.conftest import create_tenant, poll, scalar, sql
 
 EVENTS = 40
 
@@ -65,14 +65,15 @@ async def start_notifier(config_path: Path, log: Path) -> trio.Process:
 
 async def wait_ready(base: str) -> None:
     async with httpx.AsyncClient(base_url=base) as client:
+
+        async def healthy() -> bool:
+            try:
+                return (await client.get("/healthz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
         with trio.fail_after(30):
-            while True:
-                try:
-                    if (await client.get("/healthz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.05)
+            await poll(healthy)
 
 
 async def test_sigterm_with_deliveries_in_flight_loses_nothing(
@@ -109,22 +110,21 @@ async def test_sigterm_with_deliveries_in_flight_loses_nothing(
                 proc.kill()
         assert code == 0, log.read_text()
         delivered_before = {
-            r[0] for r in await sql(database_url, "SELECT id FROM deliveries WHERE status = 'DELIVERED'")
+            r[0]
+            for r in await sql(database_url, "SELECT id FROM deliveries WHERE status = 'DELIVERED'")
         }
         assert delivered_before, "the in-flight deliveries finished within the grace period"
         assert len(delivered_before) < EVENTS, "some deliveries were still queued at shutdown"
+
+        async def all_delivered() -> bool:
+            query = "SELECT count(*) FROM deliveries WHERE status = 'DELIVERED'"
+            return bool(await scalar(database_url, query) == EVENTS)
 
         sink.delay_seconds = 0.0
         proc = await start_notifier(config_path, log)
         try:
             with trio.fail_after(30):
-                while True:
-                    rows = await sql(
-                        database_url, "SELECT count(*) FROM deliveries WHERE status = 'DELIVERED'"
-                    )
-                    if rows[0][0] == EVENTS:
-                        break
-                    await trio.sleep(0.1)
+                await poll(all_delivered)
             proc.send_signal(signal.SIGTERM)
             with trio.fail_after(15):
                 assert await proc.wait() == 0
