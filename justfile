@@ -57,3 +57,7 @@ fmt: setup
 # apply schema.sql to the database of the config
 migrate: setup services
     {{bin}}/notifier migrate --config {{config}}
+
+# throughput of ingest, relay, workers and the whole pipeline on this machine (loopback only)
+bench *args: setup services
+    {{bin}}/python bench/bench.py {{args}}
