@@ -88,10 +88,20 @@ class Notifier:
         env["NOTIFIER_LOG_LEVEL"] = "WARNING"
         with self.log.open("ab") as out:
             self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "notifier", "run", "--role", roles, "--config",
-                 str(self.config)],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "notifier",
+                    "run",
+                    "--role",
+                    roles,
+                    "--config",
+                    str(self.config),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     async def stop(self) -> None:
         assert self.proc is not None
@@ -121,8 +131,10 @@ async def wait_http(base: str) -> None:
 
 
 def report(stage: str, count: int, seconds: float, unit: str) -> None:
-    print(f"{stage:<44} {count:>6} {unit:<10} {seconds:7.2f} s {count / seconds:9.0f} {unit}/s",
-          flush=True)  # fmt: skip
+    print(
+        f"{stage:<44} {count:>6} {unit:<10} {seconds:7.2f} s {count / seconds:9.0f} {unit}/s",
+        flush=True,
+    )
 
 
 async def post_events(base: str, key: str, total: int, concurrency: int, batch: int) -> None:
@@ -161,14 +173,21 @@ async def bench(events: int, concurrency: int, workers: int) -> None:
     write_config(config, port, workers)
     notifier = Notifier(config, log)
     key = f"nk_bench_{uuid.uuid4().hex}"
-    await apg(f"INSERT INTO tenants (id, name, api_key_hash) VALUES "
-              f"('{uuid.uuid4()}', 'bench', '{hash_api_key(key)}')")  # fmt: skip
+    await apg(
+        f"INSERT INTO tenants (id, name, api_key_hash) VALUES "
+        f"('{uuid.uuid4()}', 'bench', '{hash_api_key(key)}')"
+    )
 
     async with open_sink() as sink:
-        await apg("INSERT INTO channels (id, tenant_id, type, config) SELECT "
-                  f"'{uuid.uuid4()}', id, 'webhook', '{{\"url\": \"{sink.url}\"}}' FROM tenants")  # fmt: skip
-        print(f"notifier benchmark: {events} events, {concurrency} HTTP clients, "
-              f"{workers} webhook workers; log {log}\n", flush=True)  # fmt: skip
+        await apg(
+            "INSERT INTO channels (id, tenant_id, type, config) SELECT "
+            f"'{uuid.uuid4()}', id, 'webhook', '{{\"url\": \"{sink.url}\"}}' FROM tenants"
+        )
+        print(
+            f"notifier benchmark: {events} events, {concurrency} HTTP clients, "
+            f"{workers} webhook workers; log {log}\n",
+            flush=True,
+        )
 
         # 1. ingest alone: HTTP → one transaction per event (then per 100-event batch)
         await notifier.start("ingest")
@@ -178,8 +197,9 @@ async def bench(events: int, concurrency: int, workers: int) -> None:
         report("ingest, POST /v1/events", events, time.perf_counter() - t0, "events")
         t0 = time.perf_counter()
         await post_events(base, key, events, max(1, concurrency // 4), batch=100)
-        report("ingest, POST /v1/events/batch (100 each)", events, time.perf_counter() - t0,
-               "events")  # fmt: skip
+        report(
+            "ingest, POST /v1/events/batch (100 each)", events, time.perf_counter() - t0, "events"
+        )
         await notifier.stop()
         rows = await count("SELECT count(*) FROM outbox")
 
@@ -194,8 +214,12 @@ async def bench(events: int, concurrency: int, workers: int) -> None:
         t0 = time.perf_counter()
         await notifier.start("workers")
         await until(lambda: _zero("SELECT count(*) FROM deliveries WHERE status <> 'DELIVERED'"))
-        report("workers, queue → webhook (incl. start-up)", rows, time.perf_counter() - t0,
-               "deliveries")  # fmt: skip
+        report(
+            "workers, queue → webhook (incl. start-up)",
+            rows,
+            time.perf_counter() - t0,
+            "deliveries",
+        )
         await notifier.stop()
 
         # 4. the whole pipeline in one process, from the first POST to the last DELIVERED
