@@ -162,7 +162,9 @@ def fanout_targets(
         if channel_ids is not None:
             if c.id in channel_ids:
                 out.append(c)
-        elif c.recipient == recipient and any(pattern_matches(p, event_type) for p in c.event_types):
+        elif c.recipient == recipient and any(
+            pattern_matches(p, event_type) for p in c.event_types
+        ):
             out.append(c)
     return out
 

@@ -387,6 +387,29 @@ class Store:
         )  # fmt: skip
         return moved
 
+    @_crossing
+    async def delivery_states(
+        self, delivery_ids: Sequence[uuid.UUID]
+    ) -> list[DeliveryState | None]:
+        """``delivery_state`` for many ids in one round trip, in the order given."""
+        rows = await self._pool.fetch(Q["delivery_states"], list(delivery_ids))
+        found = {r["id"]: DeliveryState(r["status"], r["attempt"]) for r in rows}
+        return [found.get(i) for i in delivery_ids]
+
+    @_crossing
+    async def record_attempts(self, recs: Sequence[AttemptRecord]) -> list[bool]:
+        """``record_attempt`` for many attempts in one statement, in the order given."""
+        rows = await self._pool.fetch(
+            Q["attempt_record_batch"],
+            *(list(column) for column in zip(*(
+                (r.delivery_id, r.attempt, r.status, r.outcome, r.started_at, r.duration_ms,
+                 r.status_code, r.error, r.response_excerpt, r.next_attempt_at)
+                for r in recs
+            ), strict=True)),
+        )  # fmt: skip
+        moved = {r["delivery_id"]: r["moved"] for r in rows}
+        return [bool(moved.get(r.delivery_id)) for r in recs]
+
     # -- outbox -------------------------------------------------------------------------------
 
     @asynccontextmanager

@@ -157,6 +157,39 @@ ins AS (
 )
 SELECT EXISTS (SELECT 1 FROM upd) AS moved;
 
+-- name: delivery_states
+SELECT id, status, attempt FROM deliveries WHERE id = ANY($1::uuid[]);
+
+-- name: attempt_record_batch
+-- attempt_record for many attempts at once (one row of each array per attempt).
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
+                         $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[])
+        AS r(delivery_id, attempt, status, outcome, started_at, duration_ms, status_code, error,
+             response_excerpt, next_attempt_at)
+),
+upd AS (
+    UPDATE deliveries d SET
+        status = r.status,
+        attempt = r.attempt,
+        last_error = r.error,
+        next_attempt_at = r.next_attempt_at,
+        delivered_at = CASE WHEN r.status = 'DELIVERED' THEN now() ELSE d.delivered_at END,
+        updated_at = now()
+    FROM input r
+    WHERE d.id = r.delivery_id AND d.status NOT IN ('DELIVERED', 'DEAD') AND d.attempt <= r.attempt
+    RETURNING d.id
+),
+ins AS (
+    INSERT INTO delivery_attempts
+        (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt)
+    SELECT r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.outcome, r.status_code, r.error,
+           r.response_excerpt
+    FROM input r
+    WHERE EXISTS (SELECT 1 FROM deliveries WHERE id = r.delivery_id)
+)
+SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS moved FROM input r;
+
 -- name: outbox_claim
 -- Fresh rows in id order plus refused rows whose wait is over, locked so that concurrent relays
 -- skip them. No id cursor: rows from transactions that commit out of order are never skipped.

@@ -13,7 +13,8 @@ from notifier.broker.topology import build_topology, main_queue
 from notifier.config import Config, WebhookWorkersConfig
 from notifier.errors import BrokerError
 from notifier.lifecycle import Stop
-from notifier.worker.handle import DeliveryStore, Handler
+from notifier.worker.deliveries import BatchedDeliveries, BatchStore
+from notifier.worker.handle import Handler
 
 log = logging.getLogger("notifier.worker")
 
@@ -37,7 +38,7 @@ async def run_worker_group(
     channel_type: str,
     config: Config,
     workers: WebhookWorkersConfig,
-    store: DeliveryStore,
+    store: BatchStore,
     adapter: Adapter,
     stop: Stop,
     *,
@@ -46,7 +47,8 @@ async def run_worker_group(
     """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``; raise ``BrokerError`` when
     the connection is lost (the supervisor restarts the group)."""
     topology = build_topology([channel_type], config.retry.tiers_seconds, config.broker.queue_type)
-    handler = Handler(store, adapter, timeout_seconds=workers.timeout_seconds)
+    deliveries = BatchedDeliveries(store)
+    handler = Handler(deliveries, adapter, timeout_seconds=workers.timeout_seconds)
     async with open_connection(
         config.broker.url,
         name=f"workers.{channel_type}",
@@ -66,11 +68,13 @@ async def run_worker_group(
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            nursery.start_soon(deliveries.run)
             task_status.started()
             log.info("worker group %s: consuming with %d tasks", channel_type, workers.concurrency)
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
                     pool.start_soon(worker_task, consumer.receive, handler, stop)
-            nursery.cancel_scope.cancel()  # stopped: end the watcher before the channel closes
+            # stopped: end the watcher and the batcher before the channel closes
+            nursery.cancel_scope.cancel()
         if lost:
             raise BrokerError(f"worker group {channel_type}: broker connection lost")

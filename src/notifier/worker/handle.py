@@ -104,9 +104,17 @@ class Handler:
             response_excerpt=excerpt,
             next_attempt_at=decision.next_attempt_at,
         )
-        # The attempt happened: record it even while shutting down (bounded).
-        with trio.CancelScope(shield=True), trio.fail_after(FINAL_WRITE_TIMEOUT_SECONDS):
-            await self._store.record_attempt(record)
+        # The attempt happened: record it even while shutting down (bounded). If it cannot be
+        # recorded, the message goes back to the queue and the attempt is made again later.
+        try:
+            with trio.CancelScope(shield=True), trio.fail_after(FINAL_WRITE_TIMEOUT_SECONDS):
+                await self._store.record_attempt(record)
+        except (StoreError, trio.TooSlowError) as exc:
+            log.warning(
+                "delivery %s attempt %d: %s, but recording it failed (%r); requeueing",
+                message.delivery_id, message.attempt, decision.outcome, exc,
+            )  # fmt: skip
+            return Settle.REQUEUE
         log.info(
             "delivery %s attempt %d: %s%s",
             message.delivery_id, message.attempt, decision.outcome,

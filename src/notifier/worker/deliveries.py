@@ -1,0 +1,45 @@
+"""The worker's view of Postgres: per-message calls, batched across worker tasks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+import trio
+
+from notifier.batching import Batcher
+from notifier.store.rows import AttemptRecord, DeliveryState
+
+RECORD_TIMEOUT_SECONDS = 10.0
+
+
+class BatchStore(Protocol):
+    async def delivery_states(
+        self, delivery_ids: Sequence[uuid.UUID]
+    ) -> list[DeliveryState | None]: ...
+
+    async def record_attempts(self, recs: Sequence[AttemptRecord]) -> list[bool]: ...
+
+
+class BatchedDeliveries:
+    """A ``DeliveryStore`` whose calls from concurrent worker tasks are sent together: one bridge
+    crossing and one statement per batch instead of per message. Run ``run()`` alongside the
+    worker tasks; an attempt batch that has started is always finished (shielded, bounded)."""
+
+    def __init__(self, store: BatchStore, *, max_batch: int = 256) -> None:
+        self._states = Batcher(store.delivery_states, max_batch=max_batch)
+        self._records = Batcher(
+            store.record_attempts, max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS
+        )
+
+    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
+        return await self._states(delivery_id)
+
+    async def record_attempt(self, rec: AttemptRecord) -> bool:
+        return await self._records(rec)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._states.run)
+            nursery.start_soon(self._records.run)
