@@ -522,14 +522,16 @@ class OutboxClaim:
             try:
                 if self._tx is not None and not self._conn.is_closed():
                     await self._tx.rollback()
+            except Exception:
+                # A broken connection: the pool discards it on release.
+                log.warning("outbox claim: rollback failed", exc_info=True)
             finally:
                 await pool.release(self._conn)
 
         try:
             await aio(close)
         except Exception:
-            log.warning("outbox claim: could not roll back cleanly", exc_info=True)
-            self._conn.terminate()
+            log.warning("outbox claim: releasing the connection failed", exc_info=True)
 
 
 @asynccontextmanager
