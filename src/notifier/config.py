@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from notifier.errors import ConfigError
+from notifier.validation import locate
 
 CONFIG_ENV = "NOTIFIER_CONFIG"
 ENV_OVERRIDES = {
@@ -114,16 +115,9 @@ class Config(_Section, frozen=True):
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
 
 
-def _friendly(message: str) -> str:
+def _friendly(exc: msgspec.ValidationError) -> str:
     """msgspec says ``... - at `$.workers.webhook`[0]``; we say ``workers.webhook[0]: ...``."""
-    match = re.fullmatch(r"(.*) - at `\$\.?(.*)`", message, flags=re.DOTALL)
-    if not match:
-        return message
-    text, path = match.groups()
-    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
-    if unknown:
-        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-        return f"{key}: unknown key"
+    path, text = locate(exc)
     return f"{path or '(top level)'}: {text}"
 
 
@@ -140,7 +134,7 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     try:
         return msgspec.convert(merged, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_friendly(str(exc))) from exc
+        raise ConfigError(_friendly(exc)) from exc
 
 
 def load_config(

@@ -93,4 +93,6 @@ async def supervise(
             return
         with stop.intake():
             await trio.sleep(delay)
+        if stop.is_set():
+            return
         delay = min(delay * 2, max_backoff_seconds)

@@ -4,6 +4,8 @@
 - ``MemoryOutbox``: an in-memory outbox with the relay's claim/finish/doorbell interface.
 - ``MemoryBroker``: an in-memory publisher with RabbitMQ's routing, returns and nacks.
 - ``fanout_targets``: the fan-out rule in Python, as the store's SQL implements it.
+- ``MemoryDeliveries``: the worker's delivery store in memory, with the forward-only status rule.
+- ``RecordingAdapter``: an adapter that records messages and succeeds, fails or stalls on cue.
 
 They implement the same interfaces the production classes do; nothing is monkeypatched.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,9 +23,17 @@ from typing import Any
 import h11
 import trio
 
+from notifier.adapters.base import Receipt
 from notifier.broker.base import Confirm, Outgoing
-from notifier.errors import BrokerError
-from notifier.store.rows import Channel, OutboxRow
+from notifier.errors import BrokerError, StoreUnavailable
+from notifier.messages import WorkerMessage
+from notifier.store.rows import (
+    TERMINAL_STATUSES,
+    AttemptRecord,
+    Channel,
+    DeliveryState,
+    OutboxRow,
+)
 
 # -- webhook sink -------------------------------------------------------------------------------
 
@@ -283,3 +293,110 @@ class MemoryBroker:
     def check(self) -> None:
         if self.closed:
             raise BrokerError("memory broker closed")
+
+
+# -- in-memory delivery store -------------------------------------------------------------------
+
+
+class MemoryDeliveries:
+    """The worker's ``DeliveryStore`` in memory, with the rule of ``attempt_record`` in
+    ``store/queries.sql``: a delivery's status never leaves ``DELIVERED`` or ``DEAD`` and its
+    attempt never goes back; the attempt row is kept whenever the delivery exists.
+
+    Set ``unavailable = True`` to make every call raise ``StoreUnavailable`` (Postgres down).
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[uuid.UUID, DeliveryState] = {}
+        self.last_errors: dict[uuid.UUID, str | None] = {}
+        self.attempts: list[AttemptRecord] = []  # every attempt row written, in order
+        self.unavailable = False
+
+    def add(self, delivery_id: uuid.UUID, *, status: str = "PENDING", attempt: int = 0) -> None:
+        """Create (or overwrite) a delivery row."""
+        self.states[delivery_id] = DeliveryState(status, attempt)
+
+    def state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
+        return self.states.get(delivery_id)
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise StoreUnavailable("memory store is unavailable")
+
+    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
+        await trio.lowlevel.checkpoint()
+        self._check()
+        return self.states.get(delivery_id)
+
+    async def record_attempt(self, rec: AttemptRecord) -> bool:
+        """Return whether the delivery row moved."""
+        await trio.lowlevel.checkpoint()
+        self._check()
+        current = self.states.get(rec.delivery_id)
+        if current is None:
+            return False
+        self.attempts.append(rec)
+        if current.status in TERMINAL_STATUSES or current.attempt > rec.attempt:
+            return False
+        self.states[rec.delivery_id] = DeliveryState(rec.status, rec.attempt)
+        self.last_errors[rec.delivery_id] = rec.error
+        return True
+
+
+# -- recording adapter --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delay:
+    """A ``RecordingAdapter`` step: take ``seconds`` (trio time), then succeed."""
+
+    seconds: float
+
+
+AdapterStep = Receipt | Exception | Delay | None
+
+
+class RecordingAdapter:
+    """An ``Adapter`` that records every message it is asked to deliver.
+
+    Each ``deliver`` call takes the next step of the script (``then(...)`` appends), or
+    ``default`` once the script is used up: a ``Receipt`` or ``None`` succeeds with it, an
+    exception instance is raised, a ``Delay`` sleeps that long and then succeeds.
+    """
+
+    secret_fields: frozenset[str] = frozenset({"secret"})
+
+    def __init__(
+        self,
+        channel_type: str = "webhook",
+        *steps: AdapterStep,
+        default: AdapterStep = None,
+    ) -> None:
+        self.channel_type = channel_type
+        self.default = default
+        self.messages: list[WorkerMessage] = []
+        self.called_at: list[float] = []  # trio.current_time() of each call
+        self.closed = False
+        self._script: deque[AdapterStep] = deque(steps)
+
+    def then(self, *steps: AdapterStep) -> RecordingAdapter:
+        self._script.extend(steps)
+        return self
+
+    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return dict(config)
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        self.messages.append(message)
+        self.called_at.append(trio.current_time())
+        step = self._script.popleft() if self._script else self.default
+        if isinstance(step, Delay):
+            await trio.sleep(step.seconds)
+            return None
+        await trio.lowlevel.checkpoint()
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    async def aclose(self) -> None:
+        self.closed = True

@@ -22,6 +22,7 @@ import msgspec
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.validation import describe
 
 SECRET_PREFIX = "whsec_"
 MAX_URL_LENGTH = 2048
@@ -158,7 +159,7 @@ class WebhookAdapter:
         try:
             cfg = msgspec.convert(config, WebhookConfig)
         except msgspec.ValidationError as exc:
-            raise InvalidChannelConfig("config", str(exc).replace("$.", "config.")) from exc
+            raise InvalidChannelConfig(*describe(exc, "config")) from exc
         validate_url(cfg.url, allow_private_networks=self._allow_private)
         for name in cfg.headers:
             lowered = name.lower()

@@ -25,6 +25,7 @@ from notifier.errors import StoreUnavailable
 from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn
 from notifier.store.pg import IdempotencyConflict, Store, UnknownChannels
 from notifier.store.rows import DELIVERY_STATUSES, Channel, Delivery, Event, NewEvent
+from notifier.validation import locate
 
 log = logging.getLogger("notifier.ingest")
 
@@ -126,8 +127,8 @@ def _limit_arg() -> int:
 
 
 def _validation_message(exc: msgspec.ValidationError) -> str:
-    text = str(exc)
-    return text.replace("`$.", "`").replace("`$`", "the body")
+    path, text = locate(exc)
+    return f"{path or 'body'}: {text}"
 
 
 def create_app(

@@ -1,0 +1,295 @@
+"""Config: defaults, refusals that name the key's path, env overrides, file loading, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from notifier.cli import main
+from notifier.config import (
+    BrokerConfig,
+    Config,
+    DatabaseConfig,
+    RetryConfig,
+    WebhookWorkersConfig,
+    load_config,
+    parse_config,
+)
+from notifier.errors import ConfigError
+
+GOOD_TOML = """
+[database]
+url = "postgresql://file@db/notifier"
+
+[broker]
+url = "amqp://file@mq/"
+
+[sentry]
+dsn = "https://file@sentry.example/1"
+
+[workers.webhook]
+concurrency = 4
+prefetch = 8
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "notifier.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def refusal(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, env={})
+    return str(info.value)
+
+
+# -- defaults -----------------------------------------------------------------------------------
+
+
+def test_an_empty_document_gives_the_defaults() -> None:
+    config = parse_config({}, env={})
+    assert config == Config()
+    assert config.service.shutdown_grace_seconds == 10.0
+    assert config.database.url == DatabaseConfig().url
+    assert config.broker.url == "amqp://guest:guest@127.0.0.1:5672/"
+    assert config.broker.queue_type == "quorum"
+    assert config.ingest.bind == "127.0.0.1:8080"
+    assert config.ingest.max_body_bytes == 1_048_576
+    assert config.relay.batch_size == 500
+    assert config.relay.poll_interval_seconds == 1.0
+    assert config.retry.base_seconds == 30
+    assert config.retry.max_seconds == 1800
+    assert config.retry.tiers_seconds == (1, 5, 15, 30, 60, 120, 240, 480, 960, 1800)
+    assert config.sentry.dsn == ""
+    assert config.workers.webhook is None
+
+
+def test_a_present_workers_table_gets_the_section_defaults() -> None:
+    config = parse_config({"workers": {"webhook": {}}}, env={})
+    assert config.workers.webhook == WebhookWorkersConfig()
+    assert config.workers.webhook.max_attempts == 5
+    assert config.workers.webhook.allow_private_networks is False
+
+
+def test_given_values_are_kept() -> None:
+    config = parse_config(
+        {
+            "broker": {"queue_type": "classic", "heartbeat_seconds": 30},
+            "retry": {"tiers_seconds": [2, 4, 8]},
+            "workers": {"webhook": {"concurrency": 2, "prefetch": 2, "timeout_seconds": 3.5}},
+        },
+        env={},
+    )
+    assert config.broker == BrokerConfig(queue_type="classic", heartbeat_seconds=30)
+    assert config.retry == RetryConfig(tiers_seconds=(2, 4, 8))
+    assert config.workers.webhook == WebhookWorkersConfig(
+        concurrency=2, prefetch=2, timeout_seconds=3.5
+    )
+
+
+# -- refusals name the key's path ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        # in a section
+        ({"service": {"foo": 1}}, "service.foo"),
+        # in a nested table
+        ({"workers": {"webhook": {"foo": 1}}}, "workers.webhook.foo"),
+        # a channel type notifier has no worker group for
+        ({"workers": {"carrier_pigeon": {}}}, "workers.carrier_pigeon"),
+    ],
+)
+def test_an_unknown_key_is_refused_with_its_path(data: dict[str, Any], path: str) -> None:
+    assert refusal(data) == f"{path}: unknown key"
+
+
+def test_an_unknown_top_level_key_is_reported_like_nested_ones() -> None:
+    # msgspec reports a root-level unknown field without its " - at `$`" suffix.
+    assert refusal({"foo": 1}) == "foo: unknown key"
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        # a string where an int belongs
+        ({"workers": {"webhook": {"concurrency": "32"}}}, "workers.webhook.concurrency"),
+        # a string where a bool belongs
+        ({"workers": {"webhook": {"allow_private_networks": "yes"}}},
+         "workers.webhook.allow_private_networks"),
+        # a scalar where a table belongs
+        ({"relay": 5}, "relay"),
+        # an array element of the wrong type
+        ({"retry": {"tiers_seconds": [1, "5"]}}, "retry.tiers_seconds[1]"),
+        # not one of the allowed values
+        ({"broker": {"queue_type": "stream"}}, "broker.queue_type"),
+    ],
+)  # fmt: skip
+def test_a_wrong_type_is_refused_with_its_path(data: dict[str, Any], path: str) -> None:
+    message = refusal(data)
+    assert message.startswith(f"{path}: "), message
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "words"),
+    [
+        # at least one worker task
+        ({"workers": {"webhook": {"concurrency": 0}}}, "workers.webhook.concurrency", ">= 1"),
+        # heartbeats are 10 to 30 s
+        ({"broker": {"heartbeat_seconds": 5}}, "broker.heartbeat_seconds", ">= 10"),
+        ({"broker": {"heartbeat_seconds": 31}}, "broker.heartbeat_seconds", "<= 30"),
+        # tiers must be strictly increasing
+        ({"retry": {"tiers_seconds": [5, 1]}}, "retry", "strictly increasing"),
+        ({"retry": {"tiers_seconds": [1, 1]}}, "retry", "strictly increasing"),
+        ({"retry": {"tiers_seconds": []}}, "retry", "must not be empty"),
+        # prefetch bounds the unacked messages the tasks share: at least one per task
+        ({"workers": {"webhook": {"concurrency": 8, "prefetch": 4}}}, "workers.webhook",
+         "prefetch must be at least concurrency"),
+        # bind is HOST:PORT
+        ({"ingest": {"bind": "8080"}}, "ingest", "HOST:PORT"),
+        ({"ingest": {"bind": "localhost:"}}, "ingest", "HOST:PORT"),
+        ({"ingest": {"bind": "a b:80"}}, "ingest", "HOST:PORT"),
+        # a poll interval of zero would spin
+        ({"relay": {"poll_interval_seconds": 0}}, "relay.poll_interval_seconds", "> 0"),
+    ],
+)  # fmt: skip
+def test_an_out_of_range_value_is_refused_with_its_path(
+    data: dict[str, Any], path: str, words: str
+) -> None:
+    message = refusal(data)
+    assert message.startswith(f"{path}: "), message
+    assert words in message
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:80", "[::1]:8080", "notifier.internal:65535"])
+def test_good_binds_are_accepted(bind: str) -> None:
+    assert parse_config({"ingest": {"bind": bind}}, env={}).ingest.bind == bind
+
+
+# -- environment overrides ----------------------------------------------------------------------
+
+
+def test_env_overrides_win_over_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD_TOML)
+    env = {
+        "NOTIFIER_DATABASE_URL": "postgresql://env@db/notifier",
+        "NOTIFIER_BROKER_URL": "amqp://env@mq/",
+        "NOTIFIER_SENTRY_DSN": "https://env@sentry.example/2",
+    }
+    config = load_config(path, env=env)
+    assert config.database.url == "postgresql://env@db/notifier"
+    assert config.broker.url == "amqp://env@mq/"
+    assert config.sentry.dsn == "https://env@sentry.example/2"
+    assert config.workers.webhook is not None
+    assert config.workers.webhook.concurrency == 4  # the rest of the file still counts
+
+
+def test_without_env_overrides_the_file_counts(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD_TOML), env={})
+    assert config.database.url == "postgresql://file@db/notifier"
+    assert config.broker.url == "amqp://file@mq/"
+    assert config.sentry.dsn == "https://file@sentry.example/1"
+
+
+def test_env_overrides_apply_to_an_empty_document() -> None:
+    config = parse_config({}, env={"NOTIFIER_BROKER_URL": "amqp://env@mq/"})
+    assert config.broker.url == "amqp://env@mq/"
+    assert config.database.url == DatabaseConfig().url
+
+
+def test_an_empty_env_override_is_ignored() -> None:
+    config = parse_config({"database": {"url": "postgresql://file/x"}},
+                          env={"NOTIFIER_DATABASE_URL": ""})  # fmt: skip
+    assert config.database.url == "postgresql://file/x"
+
+
+def test_an_env_override_keeps_the_other_keys_of_its_section() -> None:
+    data = {"database": {"url": "postgresql://file/x", "pool_max_size": 3}}
+    config = parse_config(data, env={"NOTIFIER_DATABASE_URL": "postgresql://env/y"})
+    assert config.database == DatabaseConfig(url="postgresql://env/y", pool_max_size=3)
+    assert data["database"]["url"] == "postgresql://file/x"  # the caller's document is untouched
+
+
+# -- loading files ------------------------------------------------------------------------------
+
+
+def test_notifier_config_picks_the_file_when_no_path_is_given(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD_TOML)
+    config = load_config(None, env={"NOTIFIER_CONFIG": str(path)})
+    assert config.database.url == "postgresql://file@db/notifier"
+
+
+def test_an_explicit_path_wins_over_notifier_config(tmp_path: Path) -> None:
+    chosen = write(tmp_path, '[database]\nurl = "postgresql://chosen/x"\n', "chosen.toml")
+    other = write(tmp_path, '[database]\nurl = "postgresql://other/x"\n', "other.toml")
+    config = load_config(chosen, env={"NOTIFIER_CONFIG": str(other)})
+    assert config.database.url == "postgresql://chosen/x"
+
+
+def test_no_path_and_no_notifier_config_gives_the_defaults() -> None:
+    assert load_config(None, env={}) == Config()
+
+
+def test_a_missing_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=r"nope\.toml"):
+        load_config(missing, env={})
+
+
+def test_invalid_toml_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[database\nurl = \n", "broken.toml")
+    with pytest.raises(ConfigError, match=r"broken\.toml: invalid TOML"):
+        load_config(path, env={})
+
+
+def test_a_refusal_from_a_file_names_the_key_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "[workers.webhook]\nfoo = 1\n")
+    with pytest.raises(ConfigError, match=r"^workers\.webhook\.foo: unknown key$"):
+        load_config(path, env={})
+
+
+# -- enabled worker groups ----------------------------------------------------------------------
+
+
+def test_enabled_lists_only_present_worker_tables() -> None:
+    assert parse_config({}, env={}).workers.enabled() == {}
+    config = parse_config({"workers": {"webhook": {"concurrency": 2}}}, env={})
+    assert config.workers.enabled() == {"webhook": WebhookWorkersConfig(concurrency=2)}
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_refuses_a_bad_config_with_exit_2_and_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write(tmp_path, "[workers.webhook]\nfoo = 1\n")
+    assert main(["migrate", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "workers.webhook.foo: unknown key" in err
+
+
+def test_cli_refuses_a_missing_config_file_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate", "--config", str(tmp_path / "absent.toml")]) == 2
+    assert "absent.toml" in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unknown_role_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write(tmp_path, GOOD_TOML)
+    assert main(["run", "--config", str(good), "--role", "bogus"]) == 2
+    assert "bogus" in capsys.readouterr().err
+
+
+def test_cli_bad_usage_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2

@@ -1,0 +1,349 @@
+"""The outbox relay over the in-memory outbox and broker: claim → publish → delete."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pytest
+import trio
+import trio.testing
+
+from notifier.broker.base import Confirm, Outgoing
+from notifier.errors import BrokerError
+from notifier.lifecycle import Stop
+from notifier.relay.relay import relay_loop, relay_once
+from notifier.store.rows import OutboxRow
+from notifier.testing import MemoryBroker, MemoryOutbox
+
+POLL = 1.0
+
+
+@pytest.fixture
+def mock_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def delivery(n: int) -> uuid.UUID:
+    return uuid.UUID(int=n)
+
+
+def broker() -> MemoryBroker:
+    b = MemoryBroker()
+    b.bind("deliveries", "webhook", "deliveries.webhook")
+    return b
+
+
+class TimedBroker(MemoryBroker):
+    """Notes the trio time of every non-empty publish and lets a test wait for the next one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bind("deliveries", "webhook", "deliveries.webhook")
+        self.published_at: list[float] = []
+        self._published = trio.Event()
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        self.published_at.append(trio.current_time())
+        results = await super().publish_batch(messages)
+        self._published.set()
+        self._published = trio.Event()
+        return results
+
+    async def wait_published(self) -> None:
+        await self._published.wait()
+
+
+class SilentFor(MemoryBroker):
+    """A broker whose confirms for the given message ids never arrive (the rest are normal)."""
+
+    def __init__(self, silent: set[str]) -> None:
+        super().__init__()
+        self.bind("deliveries", "webhook", "deliveries.webhook")
+        self.silent = silent
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        results = await super().publish_batch(messages)
+        return [
+            Confirm.UNCONFIRMED if m.message_id in self.silent else c
+            for m, c in zip(messages, results, strict=True)
+        ]
+
+
+# -- relay_once ---------------------------------------------------------------------------------
+
+
+async def test_claims_publishes_and_deletes() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    outbox.add(delivery(1), "webhook", b"one")
+    outbox.add(delivery(2), "webhook", b"two")
+
+    assert await relay_once(outbox, mq, batch_size=10) == 2
+
+    assert mq.published == [
+        Outgoing("deliveries", "webhook", b"one", str(delivery(1))),
+        Outgoing("deliveries", "webhook", b"two", str(delivery(2))),
+    ]
+    assert mq.queues["deliveries.webhook"] == mq.published
+    assert outbox.rows == {}
+    assert outbox.refused == {}
+
+
+async def test_an_empty_outbox_publishes_nothing() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    assert await relay_once(outbox, mq, batch_size=10) == 0
+    assert mq.published == []
+
+
+async def test_claims_at_most_batch_size_rows_in_id_order() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    ids = [outbox.add(delivery(n), "webhook", b"") for n in range(5)]
+
+    assert await relay_once(outbox, mq, batch_size=3) == 3
+
+    assert [m.message_id for m in mq.published] == [str(delivery(n)) for n in range(3)]
+    assert sorted(outbox.rows) == ids[3:]
+
+
+async def test_a_returned_message_keeps_its_row_and_the_refusal_is_recorded() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    first = outbox.add(delivery(1), "webhook", b"")
+    lost = outbox.add(delivery(2), "telegram", b"")  # no queue is bound for it
+    last = outbox.add(delivery(3), "webhook", b"")
+
+    assert await relay_once(outbox, mq, batch_size=10) == 3
+
+    assert sorted(outbox.rows) == [lost]
+    assert list(outbox.refused) == [lost]
+    assert "returned" in outbox.refused[lost]
+    assert "'telegram'" in outbox.refused[lost]
+    assert first not in outbox.refused
+    assert last not in outbox.refused
+    assert [m.message_id for m in mq.queues["deliveries.webhook"]] == [
+        str(delivery(1)),
+        str(delivery(3)),
+    ]
+
+
+async def test_a_nacked_message_keeps_its_row_and_the_refusal_is_recorded() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    nacked = outbox.add(delivery(1), "webhook", b"")
+    outbox.add(delivery(2), "webhook", b"")
+    mq.nack_next = 1
+
+    assert await relay_once(outbox, mq, batch_size=10) == 2
+
+    assert sorted(outbox.rows) == [nacked]
+    assert list(outbox.refused) == [nacked]
+    assert "nacked" in outbox.refused[nacked]
+
+
+async def test_a_refused_row_is_published_again_and_then_deleted() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    row = outbox.add(delivery(1), "webhook", b"")
+    mq.nack_next = 1
+    await relay_once(outbox, mq, batch_size=10)
+    assert row in outbox.refused
+
+    assert await relay_once(outbox, mq, batch_size=10) == 1
+
+    assert outbox.rows == {}
+    assert outbox.refused == {}
+    assert len(mq.published) == 2
+
+
+async def test_unconfirmed_publishes_keep_their_rows_and_raise() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    outbox.add(delivery(1), "webhook", b"")
+    outbox.add(delivery(2), "webhook", b"")
+    mq.drop_confirms = True
+
+    with pytest.raises(BrokerError, match="2 publishes were not confirmed"):
+        await relay_once(outbox, mq, batch_size=10)
+
+    assert len(outbox.rows) == 2
+    assert outbox.refused == {}  # not a refusal: it may have landed, so it goes again as it is
+
+
+async def test_confirmed_rows_are_deleted_before_unconfirmed_ones_raise() -> None:
+    outbox = MemoryOutbox()
+    mq = SilentFor({str(delivery(2))})
+    outbox.add(delivery(1), "webhook", b"")
+    silent = outbox.add(delivery(2), "webhook", b"")
+    outbox.add(delivery(3), "webhook", b"")
+
+    with pytest.raises(BrokerError, match="1 publishes were not confirmed"):
+        await relay_once(outbox, mq, batch_size=10)
+
+    assert sorted(outbox.rows) == [silent]
+    assert outbox.refused == {}
+
+
+async def test_unconfirmed_publishes_on_a_closed_broker_raise_its_error() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.drop_confirms = True
+    mq.closed = True
+
+    with pytest.raises(BrokerError, match="memory broker closed"):
+        await relay_once(outbox, mq, batch_size=10)
+    assert len(outbox.rows) == 1
+
+
+async def test_a_delivery_is_published_once_per_batch() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    first = outbox.add(delivery(1), "webhook", b"first")
+    second = outbox.add(delivery(1), "webhook", b"second")
+    other = outbox.add(delivery(2), "webhook", b"other")
+
+    assert await relay_once(outbox, mq, batch_size=10) == 3
+
+    assert [m.body for m in mq.published] == [b"first", b"other"]
+    assert sorted(outbox.rows) == [second]
+    assert second not in outbox.refused
+    assert first not in outbox.rows
+    assert other not in outbox.rows
+
+    assert await relay_once(outbox, mq, batch_size=10) == 1
+
+    assert [m.body for m in mq.published] == [b"first", b"other", b"second"]
+    assert outbox.rows == {}
+
+
+async def test_concurrent_relays_never_publish_a_row_twice() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    for n in range(25):
+        outbox.add(delivery(n), "webhook", str(n).encode())
+    claimed: list[int] = []
+
+    async def relay() -> None:
+        while n := await relay_once(outbox, mq, batch_size=4):
+            claimed.append(n)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(relay)
+
+    ids = [m.message_id for m in mq.published]
+    assert sorted(ids) == sorted(str(delivery(n)) for n in range(25))
+    assert len(ids) == len(set(ids))
+    assert sum(claimed) == 25
+    assert outbox.rows == {}
+
+
+async def test_two_concurrent_relays_over_one_small_outbox_share_it() -> None:
+    outbox, mq = MemoryOutbox(), broker()
+    for n in range(3):
+        outbox.add(delivery(n), "webhook", b"")
+    counts: list[int] = []
+
+    async def relay() -> None:
+        counts.append(await relay_once(outbox, mq, batch_size=10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay)
+        nursery.start_soon(relay)
+
+    assert sorted(counts) == [0, 3]
+    assert len(mq.published) == 3
+
+
+# -- relay_loop ---------------------------------------------------------------------------------
+
+
+async def test_loop_returns_promptly_after_stop(mock_clock: trio.testing.MockClock) -> None:
+    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(0.25)
+        stop.set()
+    assert trio.current_time() == 0.25
+
+
+async def test_loop_relays_what_is_waiting_at_start(mock_clock: trio.testing.MockClock) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        if not mq.published:
+            await mq.wait_published()
+        stop.set()
+    assert mq.published_at == [0.0]
+    assert outbox.rows == {}
+
+
+async def test_loop_wakes_on_the_doorbell_without_waiting_for_the_poll(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(0.3)
+        outbox.add(delivery(1), "webhook", b"")  # rings the doorbell
+        await mq.wait_published()
+        assert trio.current_time() == 0.3
+        stop.set()
+    assert mq.published_at == [0.3]
+    assert outbox.rows == {}
+
+
+async def test_loop_polls_for_a_row_added_without_ringing(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(0.3)
+        # committed, but its NOTIFY never came: only the poll finds it
+        outbox.rows[100] = OutboxRow(100, delivery(1), "webhook", b"")
+        await mq.wait_published()
+        assert trio.current_time() == POLL
+        stop.set()
+    assert mq.published_at == [POLL]
+    assert outbox.rows == {}
+
+
+async def test_loop_goes_on_at_once_while_batches_are_full(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    for n in range(5):
+        outbox.add(delivery(n), "webhook", b"")
+    outbox.bell.clear()  # nothing rings: only full batches keep the loop from waiting
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop, 2)
+        while len(mq.published) < 5:
+            await mq.wait_published()
+        stop.set()  # the batch in hand is finished (its rows deleted) before the loop returns
+    assert mq.published_at == [0.0, 0.0, 0.0]
+    assert len(mq.published) == 5
+    assert outbox.rows == {}
+
+
+async def test_loop_raises_when_publishes_go_unconfirmed(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.drop_confirms = True
+    with pytest.raises(BrokerError):
+        await relay_loop(outbox, mq, stop, batch_size=10, poll_interval_seconds=POLL)
+    assert len(outbox.rows) == 1
+
+
+async def run_loop(
+    outbox: MemoryOutbox,
+    mq: MemoryBroker,
+    stop: Stop,
+    batch_size: int = 10,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await relay_loop(
+        outbox,
+        mq,
+        stop,
+        batch_size=batch_size,
+        poll_interval_seconds=POLL,
+        task_status=task_status,
+    )
