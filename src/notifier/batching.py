@@ -41,6 +41,7 @@ class Batcher(Generic[In, Out]):
         *,
         max_batch: int = 256,
         shield_seconds: float | None = None,
+        closed: Callable[[], Exception] | None = None,
     ) -> None:
         self._run_batch = run_batch
         self._max_batch = max_batch
@@ -49,8 +50,14 @@ class Batcher(Generic[In, Out]):
         self._shield_seconds = shield_seconds
         self._pending: list[_Slot[In, Out]] = []
         self._wakeup = trio.Event()
+        # When set, callers waiting (or arriving) after the flusher was cancelled get this
+        # error at once instead of waiting for a flusher that will not come back.
+        self._closed = closed
+        self._stopped = False
 
     async def __call__(self, item: In) -> Out:
+        if self._stopped and self._closed is not None:
+            raise self._closed()
         slot: _Slot[In, Out] = _Slot(item)
         self._pending.append(slot)
         self._wakeup.set()
@@ -59,6 +66,12 @@ class Batcher(Generic[In, Out]):
         return slot.result.unwrap()
 
     async def run(self) -> None:
+        try:
+            await self._flush_forever()
+        finally:
+            self._stop()
+
+    async def _flush_forever(self) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -81,6 +94,15 @@ class Batcher(Generic[In, Out]):
                     for s, r in zip(batch, results, strict=True):
                         s.result = outcome.Value(r)
                         s.done.set()
+
+    def _stop(self) -> None:
+        if self._closed is None:
+            return
+        self._stopped = True
+        for s in self._pending:
+            s.result = outcome.Error(self._closed())
+            s.done.set()
+        self._pending.clear()
 
     async def _run_one(self, batch: list[_Slot[In, Out]]) -> Sequence[Out]:
         items = [s.item for s in batch]

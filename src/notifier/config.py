@@ -26,6 +26,9 @@ ENV_OVERRIDES = {
     "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
 }
 
+# Half of RabbitMQ's default consumer_timeout (30 min): the longest a message may be held.
+CONSUMER_TIMEOUT_BUDGET_SECONDS = 900
+
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
@@ -89,6 +92,15 @@ class WebhookWorkersConfig(_Section, frozen=True):
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
             raise ValueError("prefetch must be at least concurrency")
+        # A prefetched message may wait for ceil(prefetch / concurrency) deliveries before its
+        # own; all of it must stay far below RabbitMQ's consumer_timeout (30 min by default), or
+        # the broker closes the channel and every unacked message is delivered again.
+        worst = self.timeout_seconds * -(-self.prefetch // self.concurrency)
+        if worst > CONSUMER_TIMEOUT_BUDGET_SECONDS:
+            raise ValueError(
+                f"timeout_seconds * ceil(prefetch / concurrency) = {worst:g} s; it must stay "
+                f"under {CONSUMER_TIMEOUT_BUDGET_SECONDS} s (half of RabbitMQ's consumer_timeout)"
+            )
 
 
 class WorkersConfig(_Section, frozen=True):

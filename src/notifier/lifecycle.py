@@ -9,6 +9,8 @@ from typing import Any
 
 import trio
 
+from notifier.observability import SentryReporter
+
 log = logging.getLogger("notifier.service")
 
 
@@ -89,6 +91,7 @@ async def supervise(
             if trio.current_time() - began > 60:
                 delay = initial_backoff_seconds  # it ran fine for a while: start over
             log.error("%s failed, restarting in %.1f s: %r", name, delay, exc, exc_info=exc)
+            SentryReporter().report(f"{name} failed", tags={"component": name}, exc=exc)
         if stop.is_set():
             return
         with stop.intake():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import functools
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import trio
 
+from notifier.adapters.base import Adapter
 from notifier.adapters.registry import build_adapters
 from notifier.broker import amqp
 from notifier.broker.topology import build_topology
@@ -16,6 +17,7 @@ from notifier.config import Config
 from notifier.ingest.app import create_app
 from notifier.ingest.serve import serve_ingest
 from notifier.lifecycle import Stop, supervise
+from notifier.observability import Reporter
 from notifier.relay.relay import relay_loop
 from notifier.store import Store, open_store
 from notifier.worker.group import run_worker_group
@@ -52,6 +54,8 @@ async def run(
     roles: Iterable[str] = ROLES,
     *,
     stop: Stop | None = None,
+    adapters: Mapping[str, Adapter] | None = None,
+    reporter: Reporter | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Run the chosen roles until SIGINT/SIGTERM (or ``stop``), then drain.
@@ -59,10 +63,13 @@ async def run(
     Children start in pipeline order with ``nursery.start``, so a component that cannot start
     (port taken, broker refusing the topology) fails the start-up before the next one starts.
     ``task_status`` receives the ingest server's bound addresses (empty without ingest).
+    ``adapters`` replaces the registry's adapters (by channel type; tests pass fakes), and
+    ``reporter`` the Sentry reporter.
     """
     roles = set(roles)
     stop = stop or Stop()
-    adapters = build_adapters(config)
+    built = build_adapters(config)
+    adapters = {**built, **(adapters or {})}
     grace = config.service.shutdown_grace_seconds
     db = config.database
     async with open_store(
@@ -89,14 +96,14 @@ async def run(
                     for channel_type, workers in config.workers.enabled().items():
                         group = functools.partial(
                             run_worker_group, channel_type, config, workers, store,
-                            adapters[channel_type], stop,
+                            adapters[channel_type], stop, reporter=reporter,
                         )  # fmt: skip
                         await services.start(supervise, f"workers.{channel_type}", group, stop)
                 log.info("notifier running: roles %s%s", ",".join(sorted(roles)),
                          f", listening on {' '.join(binds)}" if binds else "")  # fmt: skip
                 task_status.started(binds)
             root.cancel_scope.cancel()  # every service has stopped: end the signal watcher
-        for adapter in adapters.values():
+        for adapter in {id(a): a for a in [*built.values(), *adapters.values()]}.values():
             await adapter.aclose()
     log.info("notifier stopped")
 

@@ -5,7 +5,9 @@
 - ``MemoryBroker``: an in-memory publisher with RabbitMQ's routing, returns and nacks.
 - ``fanout_targets``: the fan-out rule in Python, as the store's SQL implements it.
 - ``MemoryDeliveries``: the worker's delivery store in memory, with the forward-only status rule.
-- ``RecordingAdapter``: an adapter that records messages and succeeds, fails or stalls on cue.
+- ``RecordingAdapter``: an adapter that records messages and succeeds, fails or stalls on cue;
+  ``PacedAdapter`` adds a ``RateLimiter`` that lets one message through per interval.
+- ``RecordingReporter``: the Sentry reporter's interface, keeping what it was given.
 
 They implement the same interfaces the production classes do; nothing is monkeypatched.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ import trio
 
 from notifier.adapters.base import Receipt
 from notifier.broker.base import Confirm, Outgoing
+from notifier.broker.topology import Topology
 from notifier.errors import BrokerError, StoreUnavailable
 from notifier.messages import WorkerMessage
 from notifier.store.rows import (
@@ -270,6 +273,16 @@ class MemoryBroker:
     def bind(self, exchange: str, routing_key: str, queue: str) -> None:
         self.bindings[(exchange, routing_key)] = queue
 
+    def declare(self, topology: Topology) -> None:
+        """Bind every queue of ``topology`` the way ``AmqpConnection.declare`` does."""
+        for q in topology.queues:
+            self.bind(q.exchange, q.routing_key, q.name)
+
+    async def publish(self, message: Outgoing) -> Confirm:
+        """One message; the worker's retry publisher has this shape."""
+        (confirm,) = await self.publish_batch([message])
+        return confirm
+
     async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
         await trio.lowlevel.checkpoint()
         results = []
@@ -338,6 +351,8 @@ class MemoryDeliveries:
         self.attempts.append(rec)
         if current.status in TERMINAL_STATUSES or current.attempt > rec.attempt:
             return False
+        if rec.status is None:  # rate limited: status, attempt and last error stay
+            return True
         self.states[rec.delivery_id] = DeliveryState(rec.status, rec.attempt)
         self.last_errors[rec.delivery_id] = rec.error
         return True
@@ -400,3 +415,45 @@ class RecordingAdapter:
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+class PacedAdapter(RecordingAdapter):
+    """A ``RecordingAdapter`` that is also a ``RateLimiter``: at most one delivery per
+    ``interval_seconds`` (trio time); ``check`` answers how long the next one must wait."""
+
+    def __init__(self, channel_type: str = "webhook", *, interval_seconds: float) -> None:
+        super().__init__(channel_type)
+        self.interval_seconds = interval_seconds
+        self.waits: list[float] = []  # every non-zero answer of ``check``
+        self._next_free = float("-inf")
+
+    def check(self, message: WorkerMessage) -> float | None:
+        now = trio.current_time()
+        if now >= self._next_free:
+            self._next_free = now + self.interval_seconds  # this message takes the slot
+            return None
+        wait = self._next_free - now
+        self.waits.append(wait)
+        return wait
+
+
+# -- recording reporter -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    summary: str
+    tags: dict[str, str]
+    exc: BaseException | None
+
+
+class RecordingReporter:
+    """A ``Reporter`` that keeps every report, for tests."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def report(
+        self, summary: str, *, tags: Mapping[str, str], exc: BaseException | None = None
+    ) -> None:
+        self.reports.append(Report(summary, dict(tags), exc))

@@ -164,12 +164,15 @@ class Running:
 
 @asynccontextmanager
 async def run_notifier(
-    config: Config, roles: tuple[str, ...] = service.ROLES
+    config: Config, roles: tuple[str, ...] = service.ROLES, **options: Any
 ) -> AsyncIterator[Running]:
-    """Run notifier in this process; stop it gracefully on exit."""
+    """Run notifier in this process; stop it gracefully on exit. ``options`` go to
+    ``service.run`` (``adapters=``, ``reporter=``)."""
     stop = Stop()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(service.run, config, roles, stop=stop))
+        binds = await nursery.start(
+            functools.partial(service.run, config, roles, stop=stop, **options)
+        )
         base = binds[0] if binds else ""
         yield Running(base, stop)
         stop.set()

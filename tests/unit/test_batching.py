@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 import trio
+import trio.testing
 
 from notifier.batching import Batcher
 
@@ -115,3 +116,32 @@ async def test_a_shielded_batch_finishes_although_the_flusher_is_cancelled(
         nursery.cancel_scope.cancel()
     assert got == [70]
     assert trio.current_time() == pytest.approx(2.0)
+
+
+class Closed(Exception):
+    pass
+
+
+async def test_callers_waiting_when_the_flusher_stops_get_the_closed_error_at_once() -> None:
+    run = Recorder(delay=100)  # the first batch never finishes before the flusher is cancelled
+    batcher: Batcher[int, int] = Batcher(run, closed=lambda: Closed("stopping"))
+    errors: list[BaseException] = []
+
+    async def call(i: int) -> None:
+        try:
+            await batcher(i)
+        except Closed as exc:
+            errors.append(exc)
+
+    with trio.fail_after(1):  # real time: nothing may wait for the 100 s batch
+        async with trio.open_nursery() as callers, trio.open_nursery() as flusher:
+            flusher.start_soon(batcher.run)
+            callers.start_soon(call, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            callers.start_soon(call, 2)  # waits behind the stuck batch
+            await trio.testing.wait_all_tasks_blocked()
+            flusher.cancel_scope.cancel()
+    assert len(errors) == 2
+    with pytest.raises(Closed):
+        await batcher(3)  # and a caller arriving later is not left waiting either
+    assert run.batches == [[1]]

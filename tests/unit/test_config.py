@@ -293,3 +293,21 @@ def test_cli_bad_usage_exits_2() -> None:
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
+
+
+def test_a_delivery_timeout_that_could_outlast_the_consumer_timeout_is_refused() -> None:
+    # 300 s * ceil(64 / 8) = 2400 s a prefetched message could wait: past RabbitMQ's limit.
+    message = refusal(
+        {"workers": {"webhook": {"timeout_seconds": 300, "prefetch": 64, "concurrency": 8}}}
+    )
+    assert message.startswith("workers.webhook: ")
+    assert "2400 s" in message
+
+
+def test_a_delivery_timeout_within_the_consumer_timeout_budget_is_accepted() -> None:
+    config = parse_config(
+        {"workers": {"webhook": {"timeout_seconds": 100, "prefetch": 64, "concurrency": 8}}},
+        env={},
+    )
+    assert config.workers.webhook is not None
+    assert config.workers.webhook.timeout_seconds == 100

@@ -1,24 +1,45 @@
-"""The per-message handler with an in-memory store and a scripted adapter."""
+"""The per-message handler (DESIGN §5) with an in-memory store, broker and reporter and a
+scripted adapter; one or more tests per row of the §5 table."""
 
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
 
 from notifier.adapters.base import Receipt
-from notifier.broker.base import Incoming, Settle
-from notifier.errors import PermanentError, RetriableError
-from notifier.messages import WorkerMessage, encode_message
+from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
+from notifier.broker.topology import build_topology
+from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUnavailable
+from notifier.messages import WorkerMessage, decode_message, encode_message
 from notifier.store.rows import AttemptRecord, DeliveryState
-from notifier.testing import Delay, MemoryDeliveries, RecordingAdapter
-from notifier.worker.handle import Handler
+from notifier.testing import (
+    Delay,
+    MemoryBroker,
+    MemoryDeliveries,
+    PacedAdapter,
+    RecordingAdapter,
+    RecordingReporter,
+    Report,
+)
+from notifier.worker.decide import RetryPolicy
+from notifier.worker.handle import (
+    FINAL_WRITE_TIMEOUT_SECONDS,
+    STORE_UNAVAILABLE_PAUSE_SECONDS,
+    Handler,
+    Publish,
+)
 
 TIMEOUT = 10.0
+TIERS = (1, 5, 15, 30)
+POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=TIERS)
+SECRET = "whsec_do-not-leak-me"
+RETRY_EXCHANGE = "deliveries.retry"
 
 
 @pytest.fixture
@@ -27,13 +48,18 @@ def mock_clock() -> trio.testing.MockClock:
 
 
 class SettleLog:
-    """A settle sink that records ``(delivery_tag, Settle)``."""
+    """A settle sink that records ``(delivery_tag, Settle)`` and, at the moment of settling,
+    how many attempt rows had been written and messages published (to check the order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: MemoryDeliveries, broker: MemoryBroker) -> None:
+        self._store = store
+        self._broker = broker
         self.settled: list[tuple[int, Settle]] = []
+        self.seen_at_settle: list[tuple[int, int]] = []  # (attempt rows, published)
 
     def settle(self, delivery_tag: int, how: Settle) -> None:
         self.settled.append((delivery_tag, how))
+        self.seen_at_settle.append((len(self._store.attempts), len(self._broker.published)))
 
 
 def message(n: int = 1, **changes: Any) -> WorkerMessage:
@@ -43,7 +69,7 @@ def message(n: int = 1, **changes: Any) -> WorkerMessage:
         "tenant_id": uuid.UUID(int=7),
         "channel_id": uuid.UUID(int=8),
         "channel_type": "webhook",
-        "channel_config": {"url": "https://example.com/hook"},
+        "channel_config": {"url": "https://example.com/hook", "secret": SECRET},
         "event_type": "order.created",
         "recipient": None,
         "payload": {"n": n},
@@ -55,14 +81,34 @@ def message(n: int = 1, **changes: Any) -> WorkerMessage:
     return WorkerMessage(**fields)
 
 
+def routed_broker() -> MemoryBroker:
+    broker = MemoryBroker()
+    broker.declare(build_topology(["webhook"], TIERS, "quorum"))
+    return broker
+
+
 class Rig:
     def __init__(
-        self, adapter: RecordingAdapter | None = None, store: MemoryDeliveries | None = None
+        self,
+        adapter: RecordingAdapter | None = None,
+        store: MemoryDeliveries | None = None,
+        *,
+        broker: MemoryBroker | None = None,
+        publish: Publish | None = None,
     ) -> None:
         self.store = store or MemoryDeliveries()
         self.adapter = adapter or RecordingAdapter()
-        self.sink = SettleLog()
-        self.handler = Handler(self.store, self.adapter, timeout_seconds=TIMEOUT)
+        self.broker = broker or routed_broker()
+        self.reporter = RecordingReporter()
+        self.sink = SettleLog(self.store, self.broker)
+        self.handler = Handler(
+            self.store,
+            self.adapter,
+            publish or self.broker.publish,
+            timeout_seconds=TIMEOUT,
+            policy=POLICY,
+            reporter=self.reporter,
+        )
         self._tag = 0
 
     def incoming(self, body: bytes, message_id: str | None = None) -> Incoming:
@@ -77,6 +123,115 @@ class Rig:
         [(tag, how)] = self.sink.settled[before:]  # settled exactly once
         assert tag == incoming.delivery_tag
         return how
+
+
+def retry_copy(out: Outgoing) -> WorkerMessage:
+    return decode_message(out.body)
+
+
+def assert_no_secret(report: Report) -> None:
+    assert SECRET not in report.summary
+    for key, value in report.tags.items():
+        assert SECRET not in key
+        assert SECRET not in value
+
+
+def assert_next_attempt_in(
+    row: AttemptRecord, tier: int, before: datetime, after: datetime
+) -> None:
+    assert row.next_attempt_at is not None
+    wait = timedelta(seconds=tier)
+    assert before + wait <= row.next_attempt_at <= after + wait
+
+
+# -- rate limited: attempt row rate_limited; retry (tier ≥ wait, attempt unchanged), then Ack ----
+
+
+@pytest.mark.parametrize(
+    ("interval", "elapsed", "tier"),
+    [
+        (10, 0, 15),  # wait 10 → the 15 s tier
+        (10, 7, 5),  # wait 3 → 5 s
+        (10, 9.5, 1),  # wait 0.5 → 1 s
+        (5, 0, 5),  # wait exactly a tier
+        (100, 0, 30),  # longer than the last tier: the last tier
+    ],
+)
+async def test_a_rate_limited_message_goes_to_the_tier_covering_the_wait_unchanged(
+    mock_clock: trio.testing.MockClock, interval: float, elapsed: float, tier: int
+) -> None:
+    rig = Rig(PacedAdapter(interval_seconds=interval))
+    first, second = message(1), message(2, attempt=3)
+    rig.store.add(first.delivery_id)
+    rig.store.add(second.delivery_id, status="RETRYING", attempt=2)
+    assert await rig.handle(first) is Settle.ACK  # takes the slot at t=0
+    await trio.sleep(elapsed)
+    rows_before = len(rig.store.attempts)
+    before = datetime.now(UTC)
+
+    assert await rig.handle(second) is Settle.ACK
+
+    after = datetime.now(UTC)
+    assert rig.adapter.messages == [first]  # deliver was not called for the second one
+    [out] = rig.broker.published
+    assert out.exchange == RETRY_EXCHANGE
+    assert out.routing_key == f"deliveries.webhook.retry.{tier}s"
+    assert out.message_id == str(second.delivery_id)
+    assert retry_copy(out) == second  # the same attempt (3), nothing else changed
+    assert rig.broker.queues[f"deliveries.webhook.retry.{tier}s"] == [out]
+    [row] = rig.store.attempts[rows_before:]
+    assert (row.delivery_id, row.attempt, row.outcome, row.status) == (
+        second.delivery_id,
+        3,
+        "rate_limited",
+        None,
+    )
+    assert_next_attempt_in(row, tier, before, after)
+    assert rig.store.state(second.delivery_id) == DeliveryState("RETRYING", 2)  # unchanged
+    assert second.delivery_id not in rig.store.last_errors
+    assert rig.reporter.reports == []
+    assert rig.sink.seen_at_settle[-1] == (rows_before + 1, 1)  # published, recorded, then ack
+
+
+async def test_a_rate_limited_copy_is_delivered_later_without_using_up_an_attempt(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(PacedAdapter(interval_seconds=10))
+    first, last = message(1), message(2, attempt=5, max_attempts=5)  # the last attempt
+    rig.store.add(first.delivery_id)
+    rig.store.add(last.delivery_id, status="RETRYING", attempt=4)
+    assert await rig.handle(first) is Settle.ACK
+
+    assert await rig.handle(last) is Settle.ACK  # rate limited, not DEAD
+
+    [out] = rig.broker.published
+    copy = retry_copy(out)
+    assert copy.attempt == 5
+    assert rig.store.state(last.delivery_id) == DeliveryState("RETRYING", 4)
+    await trio.sleep(15)  # the tier's TTL
+    assert await rig.handle(copy) is Settle.ACK
+    assert rig.adapter.messages == [first, copy]
+    assert rig.store.state(last.delivery_id) == DeliveryState("DELIVERED", 5)
+    assert [r.outcome for r in rig.store.attempts] == ["delivered", "rate_limited", "delivered"]
+
+
+async def test_a_rate_limited_message_whose_retry_publish_fails_is_requeued(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(PacedAdapter(interval_seconds=10))
+    first, second = message(1), message(2)
+    rig.store.add(first.delivery_id)
+    rig.store.add(second.delivery_id)
+    assert await rig.handle(first) is Settle.ACK
+    rig.broker.nack_next = 1
+
+    assert await rig.handle(second) is Settle.REQUEUE
+
+    assert [r.delivery_id for r in rig.store.attempts] == [first.delivery_id]
+    assert rig.store.state(second.delivery_id) == DeliveryState("PENDING", 0)
+
+
+# -- delivered: DELIVERED + attempt row, Ack ----------------------------------------------------
 
 
 async def test_delivered() -> None:
@@ -96,7 +251,11 @@ async def test_delivered() -> None:
         "delivered",
     )
     assert (row.status_code, row.response_excerpt, row.error) == (204, "ok", None)
+    assert row.next_attempt_at is None
     assert row.duration_ms >= 0
+    assert rig.broker.published == []
+    assert rig.reporter.reports == []
+    assert rig.sink.seen_at_settle == [(1, 0)]  # recorded before the ack
 
 
 async def test_delivered_without_a_receipt() -> None:
@@ -106,6 +265,393 @@ async def test_delivered_without_a_receipt() -> None:
     assert await rig.handle(m) is Settle.ACK
     [row] = rig.store.attempts
     assert (row.outcome, row.status_code, row.response_excerpt) == ("delivered", None, None)
+    assert rig.broker.published == []
+
+
+async def test_the_next_attempt_after_a_recorded_one_is_made() -> None:
+    rig = Rig()
+    m = message(attempt=2)
+    rig.store.add(m.delivery_id, status="RETRYING", attempt=1)
+    assert await rig.handle(m) is Settle.ACK
+    assert rig.adapter.messages == [m]
+    assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 2)
+
+
+# -- retriable with attempts left: publish retry (confirmed), RETRYING + row, then Ack ----------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "tier"),
+    [
+        (1, 1),  # backoff 1 s
+        (2, 5),  # 2 s → the 5 s tier
+        (3, 5),  # 4 s
+        (4, 15),  # 8 s
+        (5, 30),  # 16 s
+        (6, 30),  # 32 s capped at 30
+    ],
+)
+async def test_a_retriable_failure_publishes_the_next_attempt_then_records_retrying(
+    attempt: int, tier: int
+) -> None:
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503", status_code=503)))
+    m = message(attempt=attempt, max_attempts=10)
+    rig.store.add(m.delivery_id, status="RETRYING" if attempt > 1 else "PENDING",
+                  attempt=attempt - 1)  # fmt: skip
+    before = datetime.now(UTC)
+
+    assert await rig.handle(m) is Settle.ACK
+
+    after = datetime.now(UTC)
+    [out] = rig.broker.published
+    assert (out.exchange, out.routing_key, out.message_id) == (
+        RETRY_EXCHANGE,
+        f"deliveries.webhook.retry.{tier}s",
+        str(m.delivery_id),
+    )
+    assert retry_copy(out) == msgspec.structs.replace(m, attempt=attempt + 1)
+    assert rig.broker.queues[f"deliveries.webhook.retry.{tier}s"] == [out]  # confirmed
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", attempt)
+    assert rig.store.last_errors[m.delivery_id] == "HTTP 503"
+    [row] = rig.store.attempts
+    assert (row.attempt, row.status, row.outcome, row.status_code, row.error) == (
+        attempt,
+        "RETRYING",
+        "retry",
+        503,
+        "HTTP 503",
+    )
+    assert_next_attempt_in(row, tier, before, after)
+    assert rig.reporter.reports == []
+    assert rig.sink.seen_at_settle == [(1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("attempt", "retry_after", "tier"),
+    [
+        (1, 12, 15),  # backoff 1, retry_after 12 wins → 15 s
+        (1, 20, 30),  # → 30 s
+        (1, 600, 30),  # beyond the last tier: the last tier
+        (4, 2, 15),  # backoff 8 wins over a shorter retry_after (which would be 5 s)
+    ],
+)
+async def test_a_longer_retry_after_picks_the_tier(
+    attempt: int, retry_after: float, tier: int
+) -> None:
+    error = RetriableError("HTTP 429", retry_after=retry_after, status_code=429)
+    rig = Rig(RecordingAdapter("webhook", error))
+    m = message(attempt=attempt)
+    rig.store.add(m.delivery_id, attempt=attempt - 1)
+
+    assert await rig.handle(m) is Settle.ACK
+
+    [out] = rig.broker.published
+    assert out.routing_key == f"deliveries.webhook.retry.{tier}s"
+    assert retry_copy(out).attempt == attempt + 1
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", attempt)
+
+
+class SeesThePublish(MemoryDeliveries):
+    """Remembers, for each attempt row, what the broker had confirmed when it was written."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        super().__init__()
+        self.broker = broker
+        self.confirmed_at_record: list[int] = []
+
+    async def record_attempt(self, rec: AttemptRecord) -> bool:
+        self.confirmed_at_record.append(sum(len(q) for q in self.broker.queues.values()))
+        return await super().record_attempt(rec)
+
+
+async def test_the_retry_is_confirmed_before_the_attempt_is_recorded() -> None:
+    broker = routed_broker()
+    store = SeesThePublish(broker)
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503")), store, broker=broker)
+    m = message()
+    rig.store.add(m.delivery_id)
+
+    assert await rig.handle(m) is Settle.ACK
+
+    assert store.confirmed_at_record == [1]
+
+
+# -- retry publish fails: Nack(requeue), status unchanged ----------------------------------------
+
+
+async def _raises_broker_error(out: Outgoing) -> Confirm:
+    await trio.lowlevel.checkpoint()
+    raise BrokerError("channel closed")
+
+
+async def _never_answers(out: Outgoing) -> Confirm:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(
+    "failure", ["nacked", "unconfirmed", "returned", "raises BrokerError", "never answers"]
+)
+async def test_a_failed_retry_publish_requeues_and_leaves_the_status(
+    mock_clock: trio.testing.MockClock, failure: str
+) -> None:
+    broker = routed_broker()
+    publish: Publish | None = None
+    if failure == "nacked":
+        broker.nack_next = 1
+    elif failure == "unconfirmed":
+        broker.drop_confirms = True
+    elif failure == "returned":
+        broker = MemoryBroker()  # no retry tiers declared: unroutable
+    elif failure == "raises BrokerError":
+        publish = _raises_broker_error
+    else:
+        publish = _never_answers
+    rig = Rig(
+        RecordingAdapter("webhook", RetriableError("HTTP 503")), broker=broker, publish=publish
+    )
+    m = message(attempt=2)
+    rig.store.add(m.delivery_id, status="RETRYING", attempt=1)
+
+    assert await rig.handle(m) is Settle.REQUEUE
+
+    assert rig.adapter.messages == [m]
+    assert rig.store.attempts == []  # no row, since the retry was not confirmed
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 1)
+    assert m.delivery_id not in rig.store.last_errors
+    assert rig.reporter.reports == []
+    expected_time = FINAL_WRITE_TIMEOUT_SECONDS if failure == "never answers" else 0
+    assert trio.current_time() == expected_time
+
+
+async def test_the_requeued_message_is_retried_when_the_broker_is_back() -> None:
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503"), None))
+    m = message()
+    rig.store.add(m.delivery_id)
+    rig.broker.nack_next = 1
+
+    assert await rig.handle(m) is Settle.REQUEUE
+    assert await rig.handle(m) is Settle.ACK  # the same attempt again: delivered now
+
+    assert rig.adapter.messages == [m, m]
+    assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 1)
+
+
+# -- permanent failure or attempts exhausted: DEAD + row + Sentry, Reject -------------------------
+
+
+async def test_exhausted_attempts_are_dead_reported_and_rejected() -> None:
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503", status_code=503)))
+    m = message(attempt=5, max_attempts=5)
+    rig.store.add(m.delivery_id, status="RETRYING", attempt=4)
+
+    assert await rig.handle(m) is Settle.REJECT
+
+    assert rig.broker.published == []
+    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 5)
+    assert rig.store.last_errors[m.delivery_id] == "HTTP 503"
+    [row] = rig.store.attempts
+    assert (row.attempt, row.status, row.outcome, row.status_code, row.next_attempt_at) == (
+        5,
+        "DEAD",
+        "dead",
+        503,
+        None,
+    )
+    [report] = rig.reporter.reports
+    assert report.tags["delivery_id"] == str(m.delivery_id)
+    assert report.tags["channel_type"] == "webhook"
+    assert report.tags["attempt"] == "5"
+    assert "HTTP 503" in report.summary
+    assert report.exc is None
+    assert_no_secret(report)
+    assert rig.sink.seen_at_settle == [(1, 0)]
+
+
+async def test_a_retry_after_does_not_buy_an_attempt_past_the_budget() -> None:
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 429", retry_after=1)))
+    m = message(attempt=3, max_attempts=3)
+    rig.store.add(m.delivery_id, status="RETRYING", attempt=2)
+    assert await rig.handle(m) is Settle.REJECT
+    assert rig.broker.published == []
+    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 3)
+
+
+async def test_a_permanent_error_is_dead_reported_and_rejected() -> None:
+    rig = Rig(RecordingAdapter("webhook", PermanentError("HTTP 410: gone", status_code=410)))
+    m = message()  # attempts left, but a permanent error is never retried
+    rig.store.add(m.delivery_id)
+
+    assert await rig.handle(m) is Settle.REJECT
+
+    [row] = rig.store.attempts
+    assert (row.status, row.outcome, row.status_code, row.error) == (
+        "DEAD",
+        "dead",
+        410,
+        "HTTP 410: gone",
+    )
+    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 1)
+    assert rig.store.last_errors[m.delivery_id] == "HTTP 410: gone"
+    assert rig.broker.published == []
+    [report] = rig.reporter.reports
+    assert (report.tags["delivery_id"], report.tags["channel_type"], report.tags["attempt"]) == (
+        str(m.delivery_id),
+        "webhook",
+        "1",
+    )
+    assert "HTTP 410: gone" in report.summary
+    assert_no_secret(report)
+
+
+# -- handler raised (bug, bad JSON, adapter crash): DEAD + panic row + Sentry, Reject; go on ----
+
+
+async def test_an_adapter_crash_is_a_panic_and_the_next_message_is_delivered() -> None:
+    boom = RuntimeError("boom")
+    rig = Rig(RecordingAdapter("webhook", boom))
+    crashing, fine = message(1), message(2)
+    rig.store.add(crashing.delivery_id)
+    rig.store.add(fine.delivery_id)
+
+    assert await rig.handle(crashing) is Settle.REJECT
+    assert await rig.handle(fine) is Settle.ACK
+
+    assert rig.adapter.messages == [crashing, fine]
+    assert rig.broker.published == []
+    first, second = rig.store.attempts
+    assert (first.delivery_id, first.outcome, first.status) == (
+        crashing.delivery_id,
+        "panic",
+        "DEAD",
+    )
+    assert first.error is not None
+    assert "RuntimeError" in first.error
+    assert "boom" in first.error
+    assert rig.store.state(crashing.delivery_id) == DeliveryState("DEAD", 1)
+    assert (second.delivery_id, second.outcome) == (fine.delivery_id, "delivered")
+    assert rig.store.state(fine.delivery_id) == DeliveryState("DELIVERED", 1)
+    [report] = rig.reporter.reports
+    assert report.exc is boom
+    assert (report.tags["delivery_id"], report.tags["channel_type"], report.tags["attempt"]) == (
+        str(crashing.delivery_id),
+        "webhook",
+        "1",
+    )
+    assert report.tags["outcome"] == "panic"
+    assert_no_secret(report)
+
+
+class CrashingLimiter(RecordingAdapter):
+    """A ``RateLimiter`` whose ``check`` raises once (a bug), then lets everything through."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__("webhook")
+        self.error: Exception | None = error
+
+    def check(self, message: WorkerMessage) -> float | None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return None
+
+
+async def test_a_crashing_rate_limiter_is_a_panic_and_the_next_message_is_delivered() -> None:
+    boom = ValueError("limiter bug")
+    rig = Rig(CrashingLimiter(boom))
+    crashing, fine = message(1), message(2)
+    rig.store.add(crashing.delivery_id)
+    rig.store.add(fine.delivery_id)
+
+    assert await rig.handle(crashing) is Settle.REJECT
+    assert rig.adapter.messages == []  # deliver was not called
+    assert await rig.handle(fine) is Settle.ACK
+
+    assert rig.adapter.messages == [fine]
+    assert rig.broker.published == []
+    first, _ = rig.store.attempts
+    assert (first.delivery_id, first.status, first.outcome) == (
+        crashing.delivery_id,
+        "DEAD",
+        "panic",
+    )
+    assert first.error is not None
+    assert "limiter bug" in first.error
+    assert rig.store.state(crashing.delivery_id) == DeliveryState("DEAD", 1)
+    [report] = rig.reporter.reports
+    assert report.exc is boom
+    assert report.tags["delivery_id"] == str(crashing.delivery_id)
+    assert_no_secret(report)
+
+
+async def _publish_bug(out: Outgoing) -> Confirm:
+    await trio.lowlevel.checkpoint()
+    raise KeyError("a bug in the publisher")
+
+
+async def test_a_bug_in_the_handler_after_decoding_is_dead_with_a_panic_row() -> None:
+    # Not a BrokerError: not a refused publish but a bug, so the message goes to the DLQ.
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503"), None), publish=_publish_bug)
+    crashing, fine = message(1), message(2)
+    rig.store.add(crashing.delivery_id)
+    rig.store.add(fine.delivery_id)
+
+    assert await rig.handle(crashing) is Settle.REJECT
+    assert await rig.handle(fine) is Settle.ACK  # the handler goes on
+
+    assert rig.store.state(crashing.delivery_id) == DeliveryState("DEAD", 1)
+    first, second = rig.store.attempts
+    assert (first.delivery_id, first.attempt, first.status, first.outcome) == (
+        crashing.delivery_id,
+        1,
+        "DEAD",
+        "panic",
+    )
+    assert first.error is not None
+    assert "KeyError" in first.error
+    assert (second.delivery_id, second.outcome) == (fine.delivery_id, "delivered")
+    [report] = rig.reporter.reports
+    assert isinstance(report.exc, KeyError)
+    assert (report.tags["delivery_id"], report.tags["channel_type"], report.tags["attempt"]) == (
+        str(crashing.delivery_id),
+        "webhook",
+        "1",
+    )
+    assert_no_secret(report)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",  # not JSON at all
+        b"{}",  # JSON, but not a WorkerMessage
+        b'{"delivery_id": "nope"}',  # wrong types
+        b"[1, 2, 3]",  # JSON of the wrong shape
+        b"",  # empty
+    ],
+)
+async def test_an_undecodable_body_is_rejected_reported_and_the_next_message_delivered(
+    body: bytes,
+) -> None:
+    rig = Rig()
+    incoming = rig.incoming(body, "whatever")
+    await rig.handler.handle(incoming)
+
+    assert rig.sink.settled == [(incoming.delivery_tag, Settle.REJECT)]
+    assert rig.adapter.messages == []
+    assert rig.store.attempts == []
+    assert rig.broker.published == []
+    [report] = rig.reporter.reports
+    assert isinstance(report.exc, msgspec.DecodeError)
+    assert (report.tags["message_id"], report.tags["channel_type"]) == ("whatever", "webhook")
+
+    fine = message()
+    rig.store.add(fine.delivery_id)
+    assert await rig.handle(fine) is Settle.ACK
+    assert rig.adapter.messages == [fine]
+
+
+# -- duplicates: acked without calling the adapter -----------------------------------------------
 
 
 @pytest.mark.parametrize("status", ["DELIVERED", "DEAD"])
@@ -118,6 +664,7 @@ async def test_a_finished_delivery_is_acked_without_calling_the_adapter(status: 
 
     assert rig.adapter.messages == []
     assert rig.store.attempts == []
+    assert rig.broker.published == []
     assert rig.store.state(m.delivery_id) == DeliveryState(status, 1)
 
 
@@ -139,16 +686,23 @@ async def test_a_stale_copy_is_acked_without_calling_the_adapter(
 
     assert rig.adapter.messages == []
     assert rig.store.attempts == []
+    assert rig.broker.published == []
     assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", stored_attempt)
 
 
-async def test_the_next_attempt_after_a_recorded_one_is_made() -> None:
-    rig = Rig()
-    m = message(attempt=2)
-    rig.store.add(m.delivery_id, status="RETRYING", attempt=1)
-    assert await rig.handle(m) is Settle.ACK
-    assert rig.adapter.messages == [m]
-    assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 2)
+async def test_a_stale_copy_is_acked_without_asking_the_rate_limiter(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    paced = PacedAdapter(interval_seconds=10)
+    rig = Rig(paced)
+    fresh, stale = message(1), message(2, attempt=1)
+    rig.store.add(fresh.delivery_id)
+    rig.store.add(stale.delivery_id, status="RETRYING", attempt=1)
+    assert await rig.handle(fresh) is Settle.ACK
+    assert await rig.handle(stale) is Settle.ACK
+    assert paced.waits == []  # never asked: no rate_limited row, no retry
+    assert rig.broker.published == []
+    assert [r.delivery_id for r in rig.store.attempts] == [fresh.delivery_id]
 
 
 async def test_an_unknown_delivery_is_acked_without_calling_the_adapter() -> None:
@@ -156,69 +710,45 @@ async def test_an_unknown_delivery_is_acked_without_calling_the_adapter() -> Non
     assert await rig.handle(message()) is Settle.ACK
     assert rig.adapter.messages == []
     assert rig.store.attempts == []
+    assert rig.broker.published == []
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"not json",  # not JSON at all
-        b"{}",  # JSON, but not a WorkerMessage
-        b'{"delivery_id": "nope"}',  # wrong types
-        b"",  # empty
-    ],
-)
-async def test_an_undecodable_body_is_rejected_without_calling_the_adapter(body: bytes) -> None:
-    rig = Rig()
-    incoming = rig.incoming(body, "whatever")
-    await rig.handler.handle(incoming)
-    assert rig.sink.settled == [(incoming.delivery_tag, Settle.REJECT)]
-    assert rig.adapter.messages == []
-    assert rig.store.attempts == []
+# -- timeout ------------------------------------------------------------------------------------
 
 
-async def test_an_adapter_crash_is_a_panic_and_the_next_message_is_delivered() -> None:
-    rig = Rig(RecordingAdapter("webhook", RuntimeError("boom")))
-    crashing, fine = message(1), message(2)
-    rig.store.add(crashing.delivery_id)
-    rig.store.add(fine.delivery_id)
-
-    assert await rig.handle(crashing) is Settle.REJECT
-    assert await rig.handle(fine) is Settle.ACK
-
-    assert rig.adapter.messages == [crashing, fine]
-    first, second = rig.store.attempts
-    assert (first.delivery_id, first.outcome, first.status) == (
-        crashing.delivery_id,
-        "panic",
-        "DEAD",
-    )
-    assert first.error is not None
-    assert "RuntimeError" in first.error
-    assert "boom" in first.error
-    assert rig.store.state(crashing.delivery_id) == DeliveryState("DEAD", 1)
-    assert (second.delivery_id, second.outcome) == (fine.delivery_id, "delivered")
-    assert rig.store.state(fine.delivery_id) == DeliveryState("DELIVERED", 1)
-
-
-async def test_an_adapter_slower_than_the_timeout_is_a_failure_at_the_timeout(
+async def test_an_adapter_slower_than_the_timeout_is_retried_from_the_timeout(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     rig = Rig(RecordingAdapter("webhook", Delay(TIMEOUT * 3)))
     m = message()
     rig.store.add(m.delivery_id)
 
-    settle = await rig.handle(m)
+    assert await rig.handle(m) is Settle.ACK
 
     assert trio.current_time() == TIMEOUT
     assert rig.adapter.called_at == [0.0]
+    [out] = rig.broker.published
+    assert out.routing_key == "deliveries.webhook.retry.1s"  # backoff 1 s after attempt 1
+    assert retry_copy(out).attempt == 2
     [row] = rig.store.attempts
-    assert row.outcome != "delivered"
+    assert (row.outcome, row.status) == ("retry", "RETRYING")
     assert row.error is not None
     assert "timed out" in row.error
     assert "10" in row.error
-    # this version of the rules: any failure is DEAD and goes to the DLQ
-    assert (row.outcome, row.status, settle) == ("dead", "DEAD", Settle.REJECT)
-    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 1)
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 1)
+
+
+async def test_a_timeout_on_the_last_attempt_is_dead(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(RecordingAdapter("webhook", Delay(TIMEOUT * 3)))
+    m = message(attempt=5, max_attempts=5)
+    rig.store.add(m.delivery_id, status="RETRYING", attempt=4)
+    assert await rig.handle(m) is Settle.REJECT
+    assert trio.current_time() == TIMEOUT
+    assert rig.broker.published == []
+    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 5)
+    assert len(rig.reporter.reports) == 1
 
 
 async def test_an_adapter_just_inside_the_timeout_delivers(
@@ -230,40 +760,15 @@ async def test_an_adapter_just_inside_the_timeout_delivers(
     assert await rig.handle(m) is Settle.ACK
     assert trio.current_time() == TIMEOUT - 0.5
     assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 1)
+    assert rig.broker.published == []
 
 
-async def test_a_permanent_error_is_dead_and_rejected() -> None:
-    rig = Rig(RecordingAdapter("webhook", PermanentError("HTTP 410: gone", status_code=410)))
-    m = message()
-    rig.store.add(m.delivery_id)
-
-    assert await rig.handle(m) is Settle.REJECT
-
-    [row] = rig.store.attempts
-    assert (row.status, row.outcome, row.status_code, row.error) == (
-        "DEAD",
-        "dead",
-        410,
-        "HTTP 410: gone",
-    )
-    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 1)
-    assert rig.store.last_errors[m.delivery_id] == "HTTP 410: gone"
+# -- store unavailable: requeue -----------------------------------------------------------------
 
 
-async def test_a_retriable_error_is_recorded_with_its_status_code() -> None:
-    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503", status_code=503)))
-    m = message()
-    rig.store.add(m.delivery_id)
-
-    settle = await rig.handle(m)
-
-    [row] = rig.store.attempts
-    assert (row.status_code, row.error) == (503, "HTTP 503")
-    # this version of the rules: any failure is DEAD and goes to the DLQ
-    assert (row.status, row.outcome, settle) == ("DEAD", "dead", Settle.REJECT)
-
-
-async def test_store_unavailable_requeues_without_calling_the_adapter() -> None:
+async def test_store_unavailable_requeues_after_a_pause_without_calling_the_adapter(
+    mock_clock: trio.testing.MockClock,
+) -> None:
     rig = Rig()
     m = message()
     rig.store.add(m.delivery_id)
@@ -271,27 +776,34 @@ async def test_store_unavailable_requeues_without_calling_the_adapter() -> None:
 
     assert await rig.handle(m) is Settle.REQUEUE
 
+    assert STORE_UNAVAILABLE_PAUSE_SECONDS > 0
+    assert trio.current_time() == STORE_UNAVAILABLE_PAUSE_SECONDS
     assert rig.adapter.messages == []
     assert rig.store.attempts == []
+    assert rig.broker.published == []
     assert rig.store.state(m.delivery_id) == DeliveryState("PENDING", 0)
 
 
-class GoesDownAfterDelivery(RecordingAdapter):
-    """Delivers, and Postgres becomes unreachable while it does."""
+class RecordFails(MemoryDeliveries):
+    """Answers reads, but Postgres is unreachable when the attempt is recorded."""
 
-    def __init__(self, store: MemoryDeliveries) -> None:
-        super().__init__("webhook")
-        self.store = store
-
-    async def deliver(self, message: WorkerMessage) -> Receipt | None:
-        receipt = await super().deliver(message)
-        self.store.unavailable = True
-        return receipt
+    async def record_attempt(self, rec: AttemptRecord) -> bool:
+        await trio.lowlevel.checkpoint()
+        raise StoreUnavailable("connection lost")
 
 
-async def test_store_unavailable_for_the_record_requeues_and_records_nothing() -> None:
-    store = MemoryDeliveries()
-    rig = Rig(GoesDownAfterDelivery(store), store)
+@pytest.mark.parametrize(
+    "step",
+    [
+        None,  # delivered
+        RetriableError("HTTP 503"),  # a retry (its copy is already confirmed)
+        PermanentError("HTTP 410"),  # dead
+    ],
+)
+async def test_store_unavailable_for_the_record_requeues_and_records_nothing(
+    step: Exception | None,
+) -> None:
+    rig = Rig(RecordingAdapter("webhook", step), RecordFails())
     m = message()
     rig.store.add(m.delivery_id)
 
@@ -300,6 +812,10 @@ async def test_store_unavailable_for_the_record_requeues_and_records_nothing() -
     assert rig.adapter.messages == [m]
     assert rig.store.attempts == []
     assert rig.store.state(m.delivery_id) == DeliveryState("PENDING", 0)
+    assert rig.reporter.reports == []  # not DEAD, so no Sentry event yet
+
+
+# -- cancellation -------------------------------------------------------------------------------
 
 
 async def test_cancellation_propagates_and_leaves_the_message_unsettled(
@@ -308,11 +824,15 @@ async def test_cancellation_propagates_and_leaves_the_message_unsettled(
     rig = Rig(RecordingAdapter("webhook", Delay(5)))
     m = message()
     rig.store.add(m.delivery_id)
-    with trio.move_on_after(1):
+    with trio.move_on_after(1) as scope:
         await rig.handler.handle(rig.incoming(encode_message(m), str(m.delivery_id)))
+        raise AssertionError("handle returned despite the cancellation")
+    assert scope.cancelled_caught
     assert trio.current_time() == 1
     assert rig.sink.settled == []
     assert rig.store.attempts == []
+    assert rig.broker.published == []
+    assert rig.reporter.reports == []
 
 
 # -- the fake store keeps the SQL's forward-only rule ---------------------------------------------

@@ -62,12 +62,7 @@ class AmqpConnection:
 
     async def wait_closed(self) -> None:
         """Trio-flavoured. Return when the connection is closed (by either side)."""
-
-        async def wait() -> None:
-            await self._conn.closing  # an independent observer: cancelling it closes nothing
-
-        with suppress(Exception):  # the future carries the reason; we only need the fact
-            await aio(wait)
+        await _wait_closing(self._conn)
 
     @asynccontextmanager
     async def open_publisher(self, timeout_seconds: float) -> AsyncIterator[AmqpPublisher]:
@@ -113,6 +108,16 @@ class AmqpConnection:
             await _close_quietly(ch)
 
 
+async def _wait_closing(obj: aiormq.abc.AbstractConnection | aiormq.abc.AbstractChannel) -> None:
+    """Trio-flavoured. Return when an aiormq connection or channel is closed (by either side)."""
+
+    async def wait() -> None:
+        await obj.closing  # an independent observer: cancelling it closes nothing
+
+    with suppress(Exception):  # the future carries the reason; we only need the fact
+        await aio(wait)
+
+
 async def _close_quietly(ch: aiormq.abc.AbstractChannel) -> None:
     """Trio-flavoured; close a channel, bounded and shielded, ignoring a broken connection."""
     with trio.CancelScope(shield=True), trio.move_on_after(5):
@@ -133,6 +138,10 @@ class AmqpPublisher:
     def check(self) -> None:
         if self._ch.is_closed:
             raise BrokerError("publisher channel is closed")
+
+    async def wait_closed(self) -> None:
+        """Trio-flavoured. Return when the channel is closed (by either side)."""
+        await _wait_closing(self._ch)
 
     async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
         if not messages:
@@ -187,6 +196,10 @@ class Consumer:
     @property
     def unsettled(self) -> int:
         return len(self._pending)
+
+    async def wait_closed(self) -> None:
+        """Trio-flavoured. Return when the channel is closed (by either side)."""
+        await _wait_closing(self._ch)
 
     async def _on_message(self, message: aiormq.abc.DeliveredMessage) -> None:
         """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it."""

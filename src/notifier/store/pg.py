@@ -377,14 +377,9 @@ class Store:
         row = await self._pool.fetchrow(Q["delivery_state"], delivery_id)
         return DeliveryState(row["status"], row["attempt"]) if row else None
 
-    @_crossing
     async def record_attempt(self, rec: AttemptRecord) -> bool:
         """Settle one attempt; False when the delivery had already moved past it."""
-        moved: bool = await self._pool.fetchval(
-            Q["attempt_record"], rec.delivery_id, rec.attempt, rec.status, rec.outcome,
-            rec.started_at, rec.duration_ms, rec.status_code, rec.error, rec.response_excerpt,
-            rec.next_attempt_at,
-        )  # fmt: skip
+        (moved,) = await self.record_attempts([rec])
         return moved
 
     @_crossing

@@ -134,34 +134,14 @@ FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 -- name: delivery_state
 SELECT status, attempt FROM deliveries WHERE id = $1;
 
--- name: attempt_record
--- Settle one attempt: move the delivery forward (never out of DELIVERED or DEAD, never back to
--- an older attempt) and write the attempt row, in one statement. Returns whether the delivery
--- row moved.
-WITH upd AS (
-    UPDATE deliveries SET
-        status = $3,
-        attempt = $2,
-        last_error = $8,
-        next_attempt_at = $10,
-        delivered_at = CASE WHEN $3 = 'DELIVERED' THEN now() ELSE delivered_at END,
-        updated_at = now()
-    WHERE id = $1 AND status NOT IN ('DELIVERED', 'DEAD') AND attempt <= $2
-    RETURNING id
-),
-ins AS (
-    INSERT INTO delivery_attempts
-        (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt)
-    SELECT $1, $2, $5, $6, $4, $7, $8, $9
-    WHERE EXISTS (SELECT 1 FROM deliveries WHERE id = $1)
-)
-SELECT EXISTS (SELECT 1 FROM upd) AS moved;
-
 -- name: delivery_states
 SELECT id, status, attempt FROM deliveries WHERE id = ANY($1::uuid[]);
 
 -- name: attempt_record_batch
--- attempt_record for many attempts at once (one row of each array per attempt).
+-- Settle attempts (one row of each array per attempt): move each delivery forward (never out of
+-- DELIVERED or DEAD, never back to an older attempt) and write its attempt row, in one
+-- statement. A NULL status (a rate-limited attempt) keeps the delivery's status, attempt and
+-- last error and only moves next_attempt_at. Returns, per input row, whether its delivery moved.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
                          $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[])
@@ -170,9 +150,9 @@ WITH input AS (
 ),
 upd AS (
     UPDATE deliveries d SET
-        status = r.status,
-        attempt = r.attempt,
-        last_error = r.error,
+        status = coalesce(r.status, d.status),
+        attempt = CASE WHEN r.status IS NULL THEN d.attempt ELSE r.attempt END,
+        last_error = CASE WHEN r.status IS NULL THEN d.last_error ELSE r.error END,
         next_attempt_at = r.next_attempt_at,
         delivered_at = CASE WHEN r.status = 'DELIVERED' THEN now() ELSE d.delivered_at END,
         updated_at = now()

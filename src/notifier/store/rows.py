@@ -90,11 +90,12 @@ class DeliveryState(msgspec.Struct, frozen=True):
 
 
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker writes when it settles one attempt: the new status plus the attempt row."""
+    """What a worker writes when it settles one attempt: the new status plus the attempt row.
+    ``status`` None (a rate-limited attempt) leaves the delivery's status and attempt alone."""
 
     delivery_id: uuid.UUID
     attempt: int
-    status: str
+    status: str | None
     outcome: str
     started_at: datetime
     duration_ms: int

@@ -9,9 +9,14 @@ from typing import Protocol
 import trio
 
 from notifier.batching import Batcher
+from notifier.errors import StoreUnavailable
 from notifier.store.rows import AttemptRecord, DeliveryState
 
 RECORD_TIMEOUT_SECONDS = 10.0
+
+
+def _stopped() -> StoreUnavailable:
+    return StoreUnavailable("the worker group is stopping")
 
 
 class BatchStore(Protocol):
@@ -28,10 +33,11 @@ class BatchedDeliveries:
     worker tasks; an attempt batch that has started is always finished (shielded, bounded)."""
 
     def __init__(self, store: BatchStore, *, max_batch: int = 256) -> None:
-        self._states = Batcher(store.delivery_states, max_batch=max_batch)
+        self._states = Batcher(store.delivery_states, max_batch=max_batch, closed=_stopped)
         self._records = Batcher(
-            store.record_attempts, max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS
-        )
+            store.record_attempts, max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS,
+            closed=_stopped,
+        )  # fmt: skip
 
     async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
         return await self._states(delivery_id)

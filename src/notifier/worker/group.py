@@ -1,18 +1,23 @@
-"""A worker group: one consumer, a bounded trio channel, ``concurrency`` worker tasks."""
+"""A worker group: one consumer, a bounded trio channel, ``concurrency`` worker tasks, and a
+retry publisher on an AMQP connection of its own (DESIGN §5, §10)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from notifier.adapters.base import Adapter
+from notifier.batching import Batcher
 from notifier.broker.amqp import open_connection
-from notifier.broker.base import Incoming
+from notifier.broker.base import Confirm, Incoming, Outgoing
 from notifier.broker.topology import build_topology, main_queue
 from notifier.config import Config, WebhookWorkersConfig
 from notifier.errors import BrokerError
 from notifier.lifecycle import Stop
+from notifier.observability import Reporter
+from notifier.worker.decide import RetryPolicy
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.handle import Handler
 
@@ -34,6 +39,13 @@ async def worker_task(
         await handler.handle(incoming)
 
 
+def retry_policy(config: Config) -> RetryPolicy:
+    r = config.retry
+    return RetryPolicy(
+        base_seconds=r.base_seconds, max_seconds=r.max_seconds, tiers_seconds=r.tiers_seconds
+    )
+
+
 async def run_worker_group(
     channel_type: str,
     config: Config,
@@ -42,39 +54,60 @@ async def run_worker_group(
     adapter: Adapter,
     stop: Stop,
     *,
+    reporter: Reporter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``; raise ``BrokerError`` when
-    the connection is lost (the supervisor restarts the group)."""
-    topology = build_topology([channel_type], config.retry.tiers_seconds, config.broker.queue_type)
+    """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``.
+
+    Raise ``BrokerError`` when a connection or channel of the group is lost: the supervisor
+    restarts the group, and its unacked messages have gone back to the queue with the channel.
+    Acknowledgements only ever travel on the channel that delivered the message.
+    """
+    broker = config.broker
+    topology = build_topology([channel_type], config.retry.tiers_seconds, broker.queue_type)
     deliveries = BatchedDeliveries(store)
-    handler = Handler(deliveries, adapter, timeout_seconds=workers.timeout_seconds)
-    async with open_connection(
-        config.broker.url,
-        name=f"workers.{channel_type}",
-        heartbeat_seconds=config.broker.heartbeat_seconds,
-    ) as conn:
+    async with (
+        open_connection(
+            broker.url, name=f"workers.{channel_type}", heartbeat_seconds=broker.heartbeat_seconds
+        ) as conn,
+        open_connection(
+            broker.url, name=f"workers.{channel_type}.retry",
+            heartbeat_seconds=broker.heartbeat_seconds,
+        ) as publishing,
+    ):  # fmt: skip
         await conn.declare(topology)
         async with (
+            publishing.open_publisher(broker.publish_timeout_seconds) as publisher,
             conn.open_consumer(main_queue(channel_type), workers.prefetch) as consumer,
             trio.open_nursery() as nursery,
         ):
-            lost = False
+            retries = Batcher[Outgoing, Confirm](
+                publisher.publish_batch, max_batch=256,
+                closed=lambda: BrokerError("the worker group is stopping"),
+            )  # fmt: skip
+            handler = Handler(
+                deliveries, adapter, retries, timeout_seconds=workers.timeout_seconds,
+                policy=retry_policy(config), reporter=reporter,
+            )  # fmt: skip
+            lost: list[str] = []
 
-            async def watch() -> None:
-                nonlocal lost
-                await conn.wait_closed()
-                lost = True
+            async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:
+                await closed()
+                lost.append(what)
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch)
+            nursery.start_soon(watch, "consuming connection", conn.wait_closed)
+            nursery.start_soon(watch, "consuming channel", consumer.wait_closed)
+            nursery.start_soon(watch, "retry connection", publishing.wait_closed)
+            nursery.start_soon(watch, "retry channel", publisher.wait_closed)
             nursery.start_soon(deliveries.run)
+            nursery.start_soon(retries.run)
             task_status.started()
             log.info("worker group %s: consuming with %d tasks", channel_type, workers.concurrency)
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
                     pool.start_soon(worker_task, consumer.receive, handler, stop)
-            # stopped: end the watcher and the batcher before the channel closes
+            # stopped: end the watchers and batchers before the channels close
             nursery.cancel_scope.cancel()
         if lost:
-            raise BrokerError(f"worker group {channel_type}: broker connection lost")
+            raise BrokerError(f"worker group {channel_type}: {lost[0]} lost")

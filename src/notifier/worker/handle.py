@@ -1,8 +1,12 @@
-"""One message, start to finish: decode → skip if settled → deliver → record → settle.
+"""One message, start to finish (DESIGN §5): decode → skip if settled → rate limit → deliver →
+publish the retry → record → settle.
 
 Per-message failures never leave ``handle``: anything an adapter raises becomes an attempt row
 and a settlement, and the worker task goes on with the next message. ``trio.Cancelled`` always
-propagates (an unsettled message simply returns to the queue).
+propagates (an unsettled message simply returns to the queue). What each outcome means is
+decided in ``decide``; this module only carries decisions out, in the order that keeps the
+at-least-once promise: a retry copy is confirmed by the broker before the attempt is recorded,
+and the attempt is recorded before the original is acked.
 """
 
 from __future__ import annotations
@@ -10,22 +14,33 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
 import msgspec
 import trio
 
-from notifier.adapters.base import Adapter
-from notifier.broker.base import Incoming, Settle
-from notifier.errors import DeliveryError, PermanentError, RetriableError, StoreError
-from notifier.messages import WorkerMessage, decode_message
+from notifier.adapters.base import Adapter, RateLimiter
+from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
+from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
+from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
+from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.observability import Reporter, SentryReporter
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
-from notifier.worker.decide import Result, decide
+from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 
 log = logging.getLogger("notifier.worker")
 
+# The retry publish and the final write of an attempt that happened are finished even during
+# shutdown, bounded by this.
 FINAL_WRITE_TIMEOUT_SECONDS = 10.0
+# Postgres unreachable: hold the message this long before handing it back to the queue, so an
+# outage does not spin messages through the queue (each return counts against its delivery
+# limit).
+STORE_UNAVAILABLE_PAUSE_SECONDS = 5.0
+
+Publish = Callable[[Outgoing], Awaitable[Confirm]]
 
 
 class DeliveryStore(Protocol):
@@ -34,64 +49,112 @@ class DeliveryStore(Protocol):
     async def record_attempt(self, rec: AttemptRecord) -> bool: ...
 
 
+class Attempted(msgspec.Struct, kw_only=True):
+    """What one call of the adapter (or its rate limiter) came to."""
+
+    result: Result
+    error: str | None = None
+    status_code: int | None = None
+    response_excerpt: str | None = None
+    retry_after: float | None = None
+    rate_limit_wait: float | None = None
+    exc: BaseException | None = None
+
+
 class Handler:
-    def __init__(self, store: DeliveryStore, adapter: Adapter, *, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        store: DeliveryStore,
+        adapter: Adapter,
+        publish: Publish,
+        *,
+        timeout_seconds: float,
+        policy: RetryPolicy,
+        reporter: Reporter | None = None,
+    ) -> None:
         self._store = store
         self._adapter = adapter
+        self._limiter = adapter if isinstance(adapter, RateLimiter) else None
+        self._publish = publish
         self._timeout = timeout_seconds
+        self._policy = policy
+        self._reporter = reporter or SentryReporter()
+        self._type = adapter.channel_type
 
     async def handle(self, incoming: Incoming) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
         ``Exception``."""
+        message: WorkerMessage | None = None
         try:
-            settle = await self._handle(incoming)
+            message = self._decode(incoming)
+            settle = Settle.REJECT if message is None else await self._handle(message)
         except StoreError as exc:
             # Postgres is unreachable: we cannot know or record the state, so the message goes
-            # back to the queue untouched and is tried again later.
+            # back to the queue untouched, after a pause, and is tried again later.
             log.warning("delivery %s: store unavailable, requeueing: %s", incoming.message_id, exc)
+            await trio.sleep(STORE_UNAVAILABLE_PAUSE_SECONDS)
             settle = Settle.REQUEUE
-        except Exception:
-            log.exception("delivery %s: handler failed; rejecting to the DLQ", incoming.message_id)
+        except Exception as exc:
+            # A bug in the handler itself: DEAD with a panic row when the message decoded; the
+            # message goes to the DLQ, the worker goes on.
+            log.exception("message %s: handler failed; rejecting to the DLQ", incoming.message_id)
+            tags = {"channel_type": self._type, "message_id": str(incoming.message_id)}
+            if message is not None:
+                tags |= {"delivery_id": str(message.delivery_id), "attempt": str(message.attempt)}
+                await self._record_panic(message, exc)
+            self._reporter.report("worker handler failed", tags=tags, exc=exc)
             settle = Settle.REJECT
         incoming.settle(settle)
 
-    async def _handle(self, incoming: Incoming) -> Settle:
+    def _decode(self, incoming: Incoming) -> WorkerMessage | None:
+        """The message, or None (logged and reported) when the body cannot be decoded."""
         try:
-            message = decode_message(incoming.body)
-        except msgspec.DecodeError:
-            log.error("undecodable message %r; rejecting to the DLQ", incoming.message_id)
-            return Settle.REJECT
+            return decode_message(incoming.body)
+        except msgspec.DecodeError as exc:
+            log.error(
+                "message %s is undecodable; rejecting to the DLQ",
+                incoming.message_id, exc_info=exc,
+            )  # fmt: skip
+            self._reporter.report(
+                "undecodable message",
+                tags={"channel_type": self._type, "message_id": str(incoming.message_id)},
+                exc=exc,
+            )
+            return None
+
+    async def _record_panic(self, message: WorkerMessage, exc: Exception) -> None:
+        """The handler raised after decoding (DESIGN §5): the delivery is ``DEAD`` with a
+        ``panic`` attempt row, best effort (bounded, even while shutting down)."""
+        record = AttemptRecord(
+            delivery_id=message.delivery_id, attempt=message.attempt, status="DEAD",
+            outcome="panic", started_at=datetime.now(UTC), duration_ms=0,
+            error=f"handler raised {type(exc).__name__}: {exc}",
+        )  # fmt: skip
+        with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
+            try:
+                await self._store.record_attempt(record)
+            except Exception:
+                log.exception("delivery %s: recording the panic failed", message.delivery_id)
+
+    async def _handle(self, message: WorkerMessage) -> Settle:
         state = await self._store.delivery_state(message.delivery_id)
         if state is None or state.status in TERMINAL_STATUSES or state.attempt >= message.attempt:
-            # Deleted, already finished, or a stale copy of an attempt that was made: a duplicate.
+            # Deleted, already finished, or a copy of an attempt that was already made.
+            log.debug("delivery %s attempt %d: duplicate, acked", message.delivery_id,
+                      message.attempt)  # fmt: skip
             return Settle.ACK
-        return await self._attempt(message)
-
-    async def _attempt(self, message: WorkerMessage) -> Settle:
         started_at = datetime.now(UTC)
         t0 = time.perf_counter()
-        status_code: int | None = None
-        excerpt: str | None = None
-        error: str | None = None
-        try:
-            with trio.fail_after(self._timeout):
-                receipt = await self._adapter.deliver(message)
-            result = Result.DELIVERED
-            if receipt is not None:
-                status_code, excerpt = receipt.status_code, receipt.response_excerpt
-        except trio.TooSlowError:
-            result, error = Result.RETRIABLE, f"timed out after {self._timeout:g} s"
-        except RetriableError as exc:
-            result, error, status_code = Result.RETRIABLE, str(exc), exc.status_code
-        except PermanentError as exc:
-            result, error, status_code = Result.PERMANENT, str(exc), exc.status_code
-        except DeliveryError as exc:
-            result, error = Result.PERMANENT, str(exc)
-        except Exception as exc:
-            log.exception("delivery %s: adapter raised", message.delivery_id)
-            result, error = Result.PANIC, f"adapter raised {type(exc).__name__}: {exc}"
+        attempted = await self._attempt(message)
         duration_ms = int((time.perf_counter() - t0) * 1000)
-        decision = decide(result, attempt=message.attempt, max_attempts=message.max_attempts)
+        now = datetime.now(UTC)
+        if attempted.rate_limit_wait is not None:
+            decision = decide_rate_limited(attempted.rate_limit_wait, policy=self._policy, now=now)
+        else:
+            decision = decide(
+                attempted.result, attempt=message.attempt, max_attempts=message.max_attempts,
+                policy=self._policy, now=now, retry_after=attempted.retry_after,
+            )  # fmt: skip
         record = AttemptRecord(
             delivery_id=message.delivery_id,
             attempt=message.attempt,
@@ -99,25 +162,101 @@ class Handler:
             outcome=decision.outcome,
             started_at=started_at,
             duration_ms=duration_ms,
-            status_code=status_code,
-            error=error,
-            response_excerpt=excerpt,
+            status_code=attempted.status_code,
+            error=attempted.error,
+            response_excerpt=attempted.response_excerpt,
             next_attempt_at=decision.next_attempt_at,
         )
-        # The attempt happened: record it even while shutting down (bounded). If it cannot be
-        # recorded, the message goes back to the queue and the attempt is made again later.
+        # The attempt happened: carry the decision out even while shutting down (bounded).
+        with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
+            return await self._carry_out(message, decision, record, attempted)
+        log.warning("delivery %s attempt %d: settling timed out; requeueing",
+                    message.delivery_id, message.attempt)  # fmt: skip
+        return Settle.REQUEUE
+
+    async def _attempt(self, message: WorkerMessage) -> Attempted:
+        """Ask the rate limiter, then the adapter; turn whatever happens into ``Attempted``."""
         try:
-            with trio.CancelScope(shield=True), trio.fail_after(FINAL_WRITE_TIMEOUT_SECONDS):
-                await self._store.record_attempt(record)
-        except (StoreError, trio.TooSlowError) as exc:
+            if self._limiter is not None:
+                wait = self._limiter.check(message)
+                if wait is not None and wait > 0:
+                    return Attempted(
+                        result=Result.RETRIABLE, rate_limit_wait=wait,
+                        error=f"rate limited: wait {wait:.3g} s",
+                    )  # fmt: skip
+            with trio.fail_after(self._timeout):
+                receipt = await self._adapter.deliver(message)
+        except trio.TooSlowError:
+            return Attempted(result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s")
+        except RetriableError as exc:
+            return Attempted(
+                result=Result.RETRIABLE, error=str(exc), status_code=exc.status_code,
+                retry_after=exc.retry_after,
+            )  # fmt: skip
+        except PermanentError as exc:
+            return Attempted(result=Result.PERMANENT, error=str(exc), status_code=exc.status_code)
+        except DeliveryError as exc:
+            return Attempted(result=Result.PERMANENT, error=str(exc), status_code=exc.status_code)
+        except Exception as exc:
+            log.exception("delivery %s: adapter raised", message.delivery_id)
+            return Attempted(
+                result=Result.PANIC, error=f"adapter raised {type(exc).__name__}: {exc}", exc=exc
+            )
+        if receipt is None:
+            return Attempted(result=Result.DELIVERED)
+        return Attempted(
+            result=Result.DELIVERED, status_code=receipt.status_code,
+            response_excerpt=receipt.response_excerpt,
+        )  # fmt: skip
+
+    async def _carry_out(
+        self, message: WorkerMessage, decision: Decision, record: AttemptRecord,
+        attempted: Attempted,
+    ) -> Settle:  # fmt: skip
+        """Retry copy first (confirmed), then the record, then the settlement of the original."""
+        if decision.retry_tier is not None:
+            copy = message
+            if decision.retry_attempt is not None:
+                copy = msgspec.structs.replace(message, attempt=decision.retry_attempt)
+            queue = retry_queue(self._type, decision.retry_tier)
+            out = Outgoing(RETRY_EXCHANGE, queue, encode_message(copy), str(message.delivery_id))
+            try:
+                confirm = await self._publish(out)
+            except BrokerError as exc:
+                confirm, why = Confirm.UNCONFIRMED, repr(exc)
+            else:
+                why = confirm.value
+            if confirm is not Confirm.CONFIRMED:
+                log.warning(
+                    "delivery %s attempt %d: publishing the retry to %s failed (%s); requeueing",
+                    message.delivery_id, message.attempt, queue, why,
+                )  # fmt: skip
+                return Settle.REQUEUE
+        try:
+            await self._store.record_attempt(record)
+        except StoreError as exc:
             log.warning(
                 "delivery %s attempt %d: %s, but recording it failed (%r); requeueing",
                 message.delivery_id, message.attempt, decision.outcome, exc,
             )  # fmt: skip
             return Settle.REQUEUE
         log.info(
-            "delivery %s attempt %d: %s%s",
-            message.delivery_id, message.attempt, decision.outcome,
-            f" ({error})" if error else "",
+            "delivery %s attempt %d: %s%s", message.delivery_id, message.attempt,
+            decision.outcome, f" ({attempted.error})" if attempted.error else "",
         )  # fmt: skip
+        if decision.status == "DEAD":
+            self._reporter.report(
+                f"delivery dead: {attempted.error}" if decision.outcome == "dead"
+                else "adapter raised; delivery dead",
+                tags={
+                    "delivery_id": str(message.delivery_id),
+                    "event_id": str(message.event_id),
+                    "channel_id": str(message.channel_id),
+                    "tenant_id": str(message.tenant_id),
+                    "channel_type": message.channel_type,
+                    "attempt": str(message.attempt),
+                    "outcome": decision.outcome,
+                },
+                exc=attempted.exc,
+            )  # fmt: skip
         return decision.settle
