@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS channels (
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
+-- Why and when a channel was disabled (by notifier, e.g. its receiver answered 410, or by a
+-- PATCH); cleared when it is enabled again.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_reason text NULL;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_at timestamptz NULL;
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);

@@ -7,6 +7,7 @@ the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_BROKER_URL``, ``NOTIFIER_SENTRY_
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -82,12 +83,13 @@ class RetryConfig(_Section, frozen=True):
             raise ValueError("tiers_seconds must be strictly increasing")
 
 
-class WebhookWorkersConfig(_Section, frozen=True):
+class WorkerGroupConfig(_Section, frozen=True):
+    """What every ``[workers.<type>]`` table has."""
+
     concurrency: Positive = 16
     prefetch: Positive = 64
     max_attempts: Positive = 5
     timeout_seconds: PositiveFloat = 10.0
-    allow_private_networks: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
@@ -103,10 +105,50 @@ class WebhookWorkersConfig(_Section, frozen=True):
             )
 
 
+class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
+    allow_private_networks: bool = False
+    # Networks opened for internal receivers even while private networks are refused.
+    allowed_cidrs: tuple[str, ...] = ()
+    # After a channel's secret changes, the previous one keeps signing alongside it this long.
+    secret_rotation_grace_seconds: NonNegativeFloat = 86_400.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for i, cidr in enumerate(self.allowed_cidrs):
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"allowed_cidrs[{i}]: {exc}") from exc
+
+
+class EmailWorkersConfig(WorkerGroupConfig, frozen=True):
+    concurrency: Positive = 4
+    prefetch: Positive = 16
+    smtp_host: str = "127.0.0.1"
+    smtp_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
+    smtp_security: Literal["none", "starttls", "tls"] = "none"
+    smtp_username: str = ""
+    # The password is read from this environment variable, never from the file.
+    smtp_password_env: str = "NOTIFIER_SMTP_PASSWORD"
+    from_address: str = msgspec.field(name="from", default="notifier@localhost")
+
+
+class TelegramWorkersConfig(WorkerGroupConfig, frozen=True):
+    concurrency: Positive = 8
+    prefetch: Positive = 32
+    # The bot token is read from this environment variable, never from the file.
+    bot_token_env: str = "NOTIFIER_TELEGRAM_TOKEN"
+    api_base_url: str = "https://api.telegram.org"
+    per_chat_per_second: PositiveFloat = 1.0
+    per_bot_per_second: PositiveFloat = 30.0
+
+
 class WorkersConfig(_Section, frozen=True):
     webhook: WebhookWorkersConfig | None = None
+    email: EmailWorkersConfig | None = None
+    telegram: TelegramWorkersConfig | None = None
 
-    def enabled(self) -> dict[str, WebhookWorkersConfig]:
+    def enabled(self) -> dict[str, WorkerGroupConfig]:
         """The configured worker groups by channel type; a type is enabled by its table."""
         return {name: cfg for name in self.__struct_fields__ if (cfg := getattr(self, name))}
 

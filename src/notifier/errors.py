@@ -42,4 +42,14 @@ class RetriableError(DeliveryError):
 
 
 class PermanentError(DeliveryError):
-    """A delivery failed in a way that will not change by trying again (most 4xx, bad config)."""
+    """A delivery failed in a way that will not change by trying again (most 4xx, bad config).
+
+    ``disable_channel`` says the destination is gone for good (HTTP 410, a blocked bot): the
+    channel is disabled along with this delivery ending ``DEAD``.
+    """
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, disable_channel: bool = False
+    ) -> None:
+        super().__init__(message, status_code=status_code)
+        self.disable_channel = disable_channel

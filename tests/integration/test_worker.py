@@ -15,8 +15,15 @@ import pytest
 import trio
 
 from notifier.config import Config
+from notifier.errors import PermanentError
 from notifier.messages import decode_message
-from notifier.testing import PacedAdapter, Received, RecordingReporter, open_sink
+from notifier.testing import (
+    PacedAdapter,
+    Received,
+    RecordingAdapter,
+    RecordingReporter,
+    open_sink,
+)
 from tests.integration.conftest import create_tenant as create_tenant_key
 from tests.integration.conftest import (
     make_config,
@@ -317,3 +324,33 @@ async def test_closing_every_broker_connection_mid_stream_loses_nothing(
     assert await scalar(database_url, "SELECT count(*) FROM outbox") == 0
     restarted = {r.getMessage().split()[0] for r in caplog.records if "restarting in" in r.msg}
     assert {"relay", "workers.webhook"} <= restarted, restarted
+
+
+async def test_a_destination_gone_for_good_disables_its_channel_until_patched(
+    database_url: str, broker_url: str
+) -> None:
+    adapter = RecordingAdapter(
+        "webhook", default=PermanentError("HTTP 410: gone", status_code=410, disable_channel=True)
+    )
+    config = fast_retries(database_url, broker_url)
+    key = await create_tenant_key(database_url)
+    async with (
+        run_notifier(config, adapters={"webhook": adapter}) as running,
+        running.client(key) as api,
+    ):
+        channel_id = await create_channel(api, "http://127.0.0.1:9/gone")
+        (delivery_id,) = await post_event(api)
+        with trio.fail_after(20):
+            await wait_status(database_url, delivery_id, "DEAD")
+        channel = (await api.get(f"/v1/channels/{channel_id}")).json()
+        assert channel["enabled"] is False
+        assert channel["disabled_reason"] == "HTTP 410: gone"
+        assert channel["disabled_at"] is not None
+        # a disabled channel gets no new deliveries
+        assert await post_event(api) == []
+        resp = await api.patch(f"/v1/channels/{channel_id}", json={"enabled": True})
+        assert resp.status_code == 200, resp.text
+        assert (resp.json()["enabled"], resp.json()["disabled_reason"]) == (True, None)
+        assert resp.json()["disabled_at"] is None
+        assert len(await post_event(api)) == 1
+    assert len(adapter.messages) >= 1

@@ -502,6 +502,20 @@ async def test_a_permanent_error_is_dead_reported_and_rejected() -> None:
     )
     assert "HTTP 410: gone" in report.summary
     assert_no_secret(report)
+    assert row.disable_channel is False
+
+
+@pytest.mark.parametrize("disable", [True, False])
+async def test_a_permanent_error_carries_whether_the_channel_is_disabled(disable: bool) -> None:
+    error = PermanentError("HTTP 410: gone", status_code=410, disable_channel=disable)
+    rig = Rig(RecordingAdapter("webhook", error))
+    m = message()
+    rig.store.add(m.delivery_id)
+
+    assert await rig.handle(m) is Settle.REJECT
+
+    [row] = rig.store.attempts
+    assert (row.status, row.disable_channel) == ("DEAD", disable)
 
 
 # -- handler raised (bug, bad JSON, adapter crash): DEAD + panic row + Sentry, Reject; go on ----

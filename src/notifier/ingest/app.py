@@ -82,6 +82,8 @@ def _channel_view(
         "recipient": channel.recipient,
         "event_types": channel.event_types,
         "enabled": channel.enabled,
+        "disabled_reason": channel.disabled_reason,
+        "disabled_at": channel.disabled_at,
         "max_attempts": channel.max_attempts,
         "created_at": channel.created_at,
         "updated_at": channel.updated_at,

@@ -119,6 +119,8 @@ def _channel(row: Row) -> Channel:
         recipient=row["recipient"],
         event_types=list(row["event_types"]),
         enabled=row["enabled"],
+        disabled_reason=row["disabled_reason"],
+        disabled_at=row["disabled_at"],
         max_attempts=row["max_attempts"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -398,7 +400,7 @@ class Store:
             Q["attempt_record_batch"],
             *(list(column) for column in zip(*(
                 (r.delivery_id, r.attempt, r.status, r.outcome, r.started_at, r.duration_ms,
-                 r.status_code, r.error, r.response_excerpt, r.next_attempt_at)
+                 r.status_code, r.error, r.response_excerpt, r.next_attempt_at, r.disable_channel)
                 for r in recs
             ), strict=True)),
         )  # fmt: skip

@@ -27,6 +27,9 @@ LIMIT $6;
 -- name: channel_update
 UPDATE channels SET
     name = $3, config = $4, recipient = $5, event_types = $6, enabled = $7, max_attempts = $8,
+    disabled_reason = CASE WHEN $7 THEN NULL WHEN enabled THEN 'disabled through the API'
+                           ELSE disabled_reason END,
+    disabled_at = CASE WHEN $7 THEN NULL WHEN enabled THEN now() ELSE disabled_at END,
     updated_at = now()
 WHERE tenant_id = $1 AND id = $2
 RETURNING *;
@@ -141,12 +144,21 @@ SELECT id, status, attempt FROM deliveries WHERE id = ANY($1::uuid[]);
 -- Settle attempts (one row of each array per attempt): move each delivery forward (never out of
 -- DELIVERED or DEAD, never back to an older attempt) and write its attempt row, in one
 -- statement. A NULL status (a rate-limited attempt) keeps the delivery's status, attempt and
--- last error and only moves next_attempt_at. Returns, per input row, whether its delivery moved.
+-- last error and only moves next_attempt_at. A row with disable_channel also disables the
+-- delivery's channel, with the error as the reason. Returns, per input row, whether its
+-- delivery moved.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
-                         $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[])
+                         $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[],
+                         $11::boolean[])
         AS r(delivery_id, attempt, status, outcome, started_at, duration_ms, status_code, error,
-             response_excerpt, next_attempt_at)
+             response_excerpt, next_attempt_at, disable_channel)
+),
+disabled AS (
+    UPDATE channels c SET
+        enabled = false, disabled_reason = r.error, disabled_at = now(), updated_at = now()
+    FROM input r JOIN deliveries d ON d.id = r.delivery_id
+    WHERE r.disable_channel AND c.id = d.channel_id AND c.enabled
 ),
 upd AS (
     UPDATE deliveries d SET

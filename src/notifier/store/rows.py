@@ -24,6 +24,8 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int | None
     created_at: datetime
     updated_at: datetime
+    disabled_reason: str | None = None
+    disabled_at: datetime | None = None
 
 
 class DeliverySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,6 +105,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     response_excerpt: str | None = None
     next_attempt_at: datetime | None = None
+    disable_channel: bool = False  # the destination is gone: disable the channel too
 
 
 class OutboxRow(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ from notifier.batching import Batcher
 from notifier.broker.amqp import open_connection
 from notifier.broker.base import Confirm, Incoming, Outgoing
 from notifier.broker.topology import build_topology, main_queue
-from notifier.config import Config, WebhookWorkersConfig
+from notifier.config import Config, WorkerGroupConfig
 from notifier.errors import BrokerError
 from notifier.lifecycle import Stop
 from notifier.observability import Reporter
@@ -49,7 +49,7 @@ def retry_policy(config: Config) -> RetryPolicy:
 async def run_worker_group(
     channel_type: str,
     config: Config,
-    workers: WebhookWorkersConfig,
+    workers: WorkerGroupConfig,
     store: BatchStore,
     adapter: Adapter,
     stop: Stop,

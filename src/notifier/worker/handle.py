@@ -58,6 +58,7 @@ class Attempted(msgspec.Struct, kw_only=True):
     response_excerpt: str | None = None
     retry_after: float | None = None
     rate_limit_wait: float | None = None
+    disable_channel: bool = False
     exc: BaseException | None = None
 
 
@@ -166,6 +167,7 @@ class Handler:
             error=attempted.error,
             response_excerpt=attempted.response_excerpt,
             next_attempt_at=decision.next_attempt_at,
+            disable_channel=attempted.disable_channel,
         )
         # The attempt happened: carry the decision out even while shutting down (bounded).
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
@@ -194,7 +196,10 @@ class Handler:
                 retry_after=exc.retry_after,
             )  # fmt: skip
         except PermanentError as exc:
-            return Attempted(result=Result.PERMANENT, error=str(exc), status_code=exc.status_code)
+            return Attempted(
+                result=Result.PERMANENT, error=str(exc), status_code=exc.status_code,
+                disable_channel=exc.disable_channel,
+            )  # fmt: skip
         except DeliveryError as exc:
             return Attempted(result=Result.PERMANENT, error=str(exc), status_code=exc.status_code)
         except Exception as exc:
