@@ -19,6 +19,11 @@ class StoreUnavailable(StoreError):
     """Postgres cannot be reached right now; the caller may try again later."""
 
 
+class UnstorableText(StoreError):
+    """Postgres refused a string it cannot hold: ``text`` and ``jsonb`` have no U+0000 (NUL).
+    Bad input, not a server fault: the API answers 422."""
+
+
 class BrokerError(NotifierError):
     """RabbitMQ failed or is unreachable (connection or channel lost, publish timed out)."""
 

@@ -1,6 +1,8 @@
 """Fakes that ship with notifier, for its own tests and for anyone embedding it.
 
 - ``WebhookSink``: a small HTTP server on trio that records every webhook it receives.
+- ``FakeBotApi``: Telegram's ``sendMessage`` on a ``WebhookSink``, recording every call, with
+  failures (429 with ``retry_after``, chat not found, bot blocked, 500) scripted per chat.
 - ``MemoryOutbox``: an in-memory outbox with the relay's claim/finish/doorbell interface.
 - ``MemoryBroker``: an in-memory publisher with RabbitMQ's routing, returns and nacks.
 - ``fanout_targets``: the fan-out rule in Python, as the store's SQL implements it.
@@ -143,6 +145,145 @@ async def open_sink(
         await nursery.start(sink.serve)
         yield sink
         nursery.cancel_scope.cancel()
+
+
+# -- fake Telegram Bot API ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BotApiReply:
+    """A scripted Bot API failure: the HTTP status and the ``ok: false`` answer's fields."""
+
+    status: int
+    description: str
+    retry_after: int | None = None
+
+    @classmethod
+    def too_many_requests(cls, retry_after: int) -> BotApiReply:
+        return cls(429, f"Too Many Requests: retry after {retry_after}", retry_after)
+
+
+CHAT_NOT_FOUND = BotApiReply(400, "Bad Request: chat not found")
+BOT_BLOCKED = BotApiReply(403, "Forbidden: bot was blocked by the user")
+SERVER_ERROR = BotApiReply(500, "Internal Server Error")
+
+
+@dataclass(frozen=True)
+class BotApiCall:
+    """One request to the fake, with what it answered."""
+
+    token: str  # from the path: /bot<token>/<method>
+    method: str
+    chat_id: int | str | None
+    text: str | None
+    at: float  # trio.current_time() when it arrived
+    status: int
+
+
+class FakeBotApi:
+    """The ``sendMessage`` method of the Telegram Bot API, recording every call.
+
+    Each chat answers ``200 {"ok": true, ...}`` unless scripted otherwise with ``script``.
+    With ``token`` set, calls with another token answer ``401 Unauthorized``, as Telegram does.
+    Use it through ``open_fake_bot_api``; ``url`` is the adapter's ``api_base_url``.
+    """
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+        self.calls: list[BotApiCall] = []
+        self.sink: WebhookSink | None = None
+        self._script: dict[str, deque[BotApiReply]] = defaultdict(deque)
+        self._always: dict[str, BotApiReply] = {}
+        self._changed = trio.Event()
+        self._message_ids = 0
+
+    @property
+    def url(self) -> str:
+        assert self.sink is not None, "use open_fake_bot_api"
+        return f"http://127.0.0.1:{self.sink.port}"
+
+    def script(
+        self, chat_id: int | str, reply: BotApiReply, *, times: int | None = 1
+    ) -> FakeBotApi:
+        """Answer ``sendMessage`` to ``chat_id`` with ``reply`` the next ``times`` times (after
+        what is already scripted), or from now on for ever with ``times=None``."""
+        if times is None:
+            self._always[str(chat_id)] = reply
+        else:
+            self._script[str(chat_id)].extend([reply] * times)
+        return self
+
+    def sent(self, chat_id: int | str | None = None) -> list[BotApiCall]:
+        """The messages the fake accepted (200), optionally only those to ``chat_id``."""
+        return [
+            c for c in self.calls
+            if c.status == 200 and (chat_id is None or str(c.chat_id) == str(chat_id))
+        ]  # fmt: skip
+
+    async def wait_for(self, count: int) -> list[BotApiCall]:
+        """Wait until at least ``count`` calls arrived (bound it with ``trio.fail_after``)."""
+        while len(self.calls) < count:
+            await self._changed.wait()
+        return self.calls
+
+    def respond(self, received: Received) -> tuple[int, dict[str, str], bytes]:
+        parts = received.path.split("?", 1)[0].strip("/").split("/")
+        token = parts[0].removeprefix("bot") if parts and parts[0].startswith("bot") else ""
+        method = parts[1] if len(parts) == 2 else ""
+        try:
+            body = json.loads(received.body) if received.body else {}
+        except ValueError:
+            body = None
+        fields = body if isinstance(body, dict) else {}
+        chat_id, text = fields.get("chat_id"), fields.get("text")
+        status, answer = self._answer(token, method, body, chat_id, text)
+        self.calls.append(BotApiCall(token, method, chat_id, text, received.at, status))
+        self._changed.set()
+        self._changed = trio.Event()
+        return status, {"content-type": "application/json"}, json.dumps(answer).encode()
+
+    def _answer(
+        self, token: str, method: str, body: Any, chat_id: Any, text: Any
+    ) -> tuple[int, dict[str, Any]]:
+        def error(reply: BotApiReply) -> tuple[int, dict[str, Any]]:
+            answer: dict[str, Any] = {
+                "ok": False, "error_code": reply.status, "description": reply.description,
+            }  # fmt: skip
+            if reply.retry_after is not None:
+                answer["parameters"] = {"retry_after": reply.retry_after}
+            return reply.status, answer
+
+        if not token or (self.token is not None and token != self.token):
+            return error(BotApiReply(401, "Unauthorized"))
+        if method != "sendMessage":
+            return error(BotApiReply(404, "Not Found"))
+        if not isinstance(body, dict):
+            return error(BotApiReply(400, "Bad Request: invalid JSON body"))
+        if chat_id is None or chat_id == "":
+            return error(BotApiReply(400, "Bad Request: chat_id is empty"))
+        if not isinstance(text, str) or not text.strip():
+            return error(BotApiReply(400, "Bad Request: message text is empty"))
+        if len(text.encode("utf-16-le")) // 2 > 4096:
+            return error(BotApiReply(400, "Bad Request: message is too long"))
+        key = str(chat_id)
+        if self._script.get(key):
+            return error(self._script[key].popleft())
+        if key in self._always:
+            return error(self._always[key])
+        self._message_ids += 1
+        result = {"message_id": self._message_ids, "chat": {"id": chat_id}, "text": text}
+        return 200, {"ok": True, "result": result}
+
+
+@asynccontextmanager
+async def open_fake_bot_api(
+    token: str | None = None, *, port: int = 0
+) -> AsyncIterator[FakeBotApi]:
+    """Serve a ``FakeBotApi`` on 127.0.0.1 (an h11 server: ``WebhookSink``) while inside."""
+    api = FakeBotApi(token)
+    async with open_sink(api.respond, port=port) as sink:
+        api.sink = sink
+        yield api
 
 
 # -- fan-out rule -------------------------------------------------------------------------------

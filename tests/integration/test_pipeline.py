@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import standardwebhooks
 import trio
 
 from notifier.config import Config
@@ -43,6 +44,8 @@ async def test_event_posted_over_http_is_delivered_to_the_webhook(
             (got,) = await sink.wait_for(1)
             await wait_until_delivered(database_url, 1)
         assert got.headers["webhook-id"] == delivery_id
+        secret = ch.json()["config"]["secret"]  # generated, shown once
+        assert standardwebhooks.Webhook(secret).verify(got.body, got.headers) == got.json()
         assert got.json() == {
             "type": "order.created",
             "timestamp": event["created_at"],

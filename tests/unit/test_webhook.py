@@ -5,23 +5,37 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import re
+import time
 import uuid
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
 
 import pytest
+import standardwebhooks
 
-from notifier.adapters.base import InvalidChannelConfig, Receipt
+from notifier.adapters.base import (
+    Adapter,
+    ChecksDestination,
+    InvalidChannelConfig,
+    Receipt,
+    UpdatesConfig,
+    public_config,
+)
 from notifier.adapters.webhook import (
     WebhookAdapter,
     build_request,
+    check_address,
     classify,
     generate_secret,
+    literal_address,
     parse_retry_after,
+    rotate_secret,
     sign,
+    signing_secrets,
     validate_url,
 )
 from notifier.errors import PermanentError, RetriableError
@@ -403,3 +417,449 @@ def test_a_malformed_config_error_field_names_the_key(
 ) -> None:
     # InvalidChannelConfig: "``field`` names the offending key (e.g. ``config.url``)"
     assert refused(adapter, config).field == field
+
+
+# -- the standardwebhooks package agrees --------------------------------------------------------
+
+VECTOR = {
+    "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "msg_id": "msg_p5jXN8AQM9LWM0D4loKWxJek",
+    "timestamp": 1614265330,
+    "payload": '{"test": 2432232314}',
+    "signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+}
+
+
+def test_the_published_test_vector_is_what_the_standardwebhooks_package_signs() -> None:
+    theirs = standardwebhooks.Webhook(VECTOR["secret"]).sign(
+        VECTOR["msg_id"], datetime.fromtimestamp(VECTOR["timestamp"], UTC), VECTOR["payload"]
+    )
+    ours = sign(VECTOR["secret"], VECTOR["msg_id"], VECTOR["timestamp"], VECTOR["payload"].encode())
+    assert ours == theirs == VECTOR["signature"]
+
+
+def test_a_request_verifies_with_the_standardwebhooks_package() -> None:
+    headers, body = build_request(message(), SECRET, {"x-team": "billing"}, int(time.time()))
+    assert standardwebhooks.Webhook(SECRET).verify(body, headers) == json.loads(body)
+
+
+def test_a_request_signed_with_another_secret_does_not_verify() -> None:
+    headers, body = build_request(message(), generate_secret(), {}, int(time.time()))
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        standardwebhooks.Webhook(SECRET).verify(body, headers)
+
+
+# -- secret rotation ----------------------------------------------------------------------------
+
+OLD = "whsec_" + base64.b64encode(b"o" * 32).decode()
+NEW = "whsec_" + base64.b64encode(b"n" * 32).decode()
+
+
+def test_during_a_rotation_both_signatures_are_sent_and_each_verifies_alone() -> None:
+    headers, body = build_request(message(), [NEW, OLD], {}, int(time.time()))
+    first, second = headers["webhook-signature"].split(" ")
+    for secret in (NEW, OLD):  # a receiver with either secret accepts the request
+        standardwebhooks.Webhook(secret).verify(body, headers)
+    for signature, secret, other in ((first, NEW, OLD), (second, OLD, NEW)):
+        alone = {**headers, "webhook-signature": signature}
+        standardwebhooks.Webhook(secret).verify(body, alone)
+        with pytest.raises(standardwebhooks.WebhookVerificationError):
+            standardwebhooks.Webhook(other).verify(body, alone)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"secret": NEW}, [NEW]),  # no rotation
+        (
+            {"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW + 1},
+            [NEW, OLD],
+        ),
+        ({"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW}, [NEW]),  # over
+        ({"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW - 9}, [NEW]),
+        ({"secret": NEW, "previous_secret": OLD}, [NEW]),  # no expiry: not used
+        ({"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": "x"}, [NEW]),
+        ({"secret": NEW, "previous_secret": NEW, "previous_secret_expires_at": NOW + 1}, [NEW]),
+        ({}, []),  # no secret at all: unsigned
+    ],
+)
+def test_signing_secrets(config: dict[str, Any], expected: list[str]) -> None:
+    assert signing_secrets(config, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("stored", "new", "expected"),
+    [
+        # a new secret: the replaced one signs along for the grace period
+        ({"secret": OLD}, NEW, {"previous_secret": OLD, "previous_secret_expires_at": NOW + 60}),
+        # the same secret (a PATCH of something else): nothing to keep
+        ({"secret": NEW}, NEW, {}),
+        # the same secret during a rotation: the previous one keeps its expiry
+        (
+            {"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW + 5},
+            NEW,
+            {"previous_secret": OLD, "previous_secret_expires_at": NOW + 5},
+        ),
+        # ... unless it has expired
+        ({"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW}, NEW, {}),
+        # rotating again: only the latest replaced secret is kept
+        (
+            {"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW + 5},
+            SECRET,
+            {"previous_secret": NEW, "previous_secret_expires_at": NOW + 60},
+        ),
+        # rotating back to the previous secret: the one it replaces becomes the previous
+        (
+            {"secret": NEW, "previous_secret": OLD, "previous_secret_expires_at": NOW + 5},
+            OLD,
+            {"previous_secret": NEW, "previous_secret_expires_at": NOW + 60},
+        ),
+        ({}, NEW, {}),  # nothing stored before
+    ],
+)
+def test_rotate_secret(stored: dict[str, Any], new: str, expected: dict[str, Any]) -> None:
+    assert rotate_secret(stored, new, now=NOW, grace_seconds=60) == expected
+
+
+def test_without_a_grace_period_a_replaced_secret_stops_at_once() -> None:
+    assert rotate_secret({"secret": OLD}, NEW, now=NOW, grace_seconds=0) == {}
+
+
+def rotating_adapter(grace: float = 60) -> WebhookAdapter:
+    return WebhookAdapter(
+        timeout_seconds=5, allow_private_networks=False, secret_rotation_grace_seconds=grace,
+        clock=lambda: float(NOW),
+    )  # fmt: skip
+
+
+def test_the_webhook_adapter_takes_part_in_patches_and_destination_checks() -> None:
+    adapter: Adapter = rotating_adapter()
+    assert isinstance(adapter, UpdatesConfig)
+    assert isinstance(adapter, ChecksDestination)
+    assert {"secret", "previous_secret", "previous_secret_expires_at"} <= adapter.secret_fields
+
+
+def test_a_patch_with_a_new_secret_keeps_the_old_one_for_the_grace_period() -> None:
+    adapter = rotating_adapter()
+    stored = adapter.prepare_config({"url": "https://example.com/hook", "secret": OLD})
+    patched = adapter.prepare_config_update({"url": "https://example.com/hook", "secret": NEW},
+                                            stored)  # fmt: skip
+    assert patched == {
+        "url": "https://example.com/hook", "secret": NEW, "headers": {},
+        "previous_secret": OLD, "previous_secret_expires_at": NOW + 60,
+    }  # fmt: skip
+    assert signing_secrets(patched, NOW + 59) == [NEW, OLD]
+    assert signing_secrets(patched, NOW + 60) == [NEW]
+    assert public_config(adapter, patched) == {"url": "https://example.com/hook", "headers": {}}
+
+
+def test_a_patch_that_carries_the_secret_fields_over_keeps_the_rotation() -> None:
+    # What the API does: stored secret fields are copied into the PATCH body where absent.
+    adapter = rotating_adapter()
+    stored = {
+        "url": "https://example.com/hook", "secret": NEW, "headers": {},
+        "previous_secret": OLD, "previous_secret_expires_at": NOW + 30,
+    }  # fmt: skip
+    body = {"url": "https://example.com/other", "headers": {"x-a": "b"}}
+    carried = {**body, **{k: stored[k] for k in adapter.secret_fields}}
+    patched = adapter.prepare_config_update(carried, stored)
+    assert patched["url"] == "https://example.com/other"
+    assert patched["secret"] == NEW
+    assert patched["previous_secret"] == OLD
+    assert patched["previous_secret_expires_at"] == NOW + 30
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("previous_secret", NEW), ("previous_secret_expires_at", NOW + 10**9)],
+)
+def test_a_client_cannot_set_the_rotation_fields(key: str, value: Any) -> None:
+    adapter = rotating_adapter()
+    stored = adapter.prepare_config({"url": "https://example.com/hook", "secret": OLD})
+    body = {"url": "https://example.com/hook", "secret": NEW, key: value}
+    with pytest.raises(InvalidChannelConfig) as info:  # at a PATCH
+        adapter.prepare_config_update(body, stored)
+    assert info.value.field == f"config.{key}"
+    with pytest.raises(InvalidChannelConfig) as info:  # nor at create
+        adapter.prepare_config(body)
+    assert info.value.field == f"config.{key}"
+
+
+def test_a_patch_cannot_ask_for_a_generated_secret_it_would_never_show() -> None:
+    adapter = rotating_adapter()
+    stored = adapter.prepare_config({"url": "https://example.com/hook", "secret": OLD})
+    with pytest.raises(InvalidChannelConfig) as info:
+        adapter.prepare_config_update({"url": "https://example.com/hook", "secret": None}, stored)
+    assert info.value.field == "config.secret"
+
+
+# -- more of classifying ------------------------------------------------------------------------
+
+
+def test_410_disables_the_channel() -> None:
+    with pytest.raises(PermanentError) as info:
+        classify(410, None, "gone", NOW)
+    assert info.value.disable_channel
+    assert info.value.status_code == 410
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 301, 302, 307, 308])
+def test_other_permanent_statuses_leave_the_channel_enabled(status: int) -> None:
+    with pytest.raises(PermanentError) as info:
+        classify(status, None, "", NOW)
+    assert not info.value.disable_channel
+
+
+@pytest.mark.parametrize("status", [300, 301, 302, 303, 304, 307, 308])
+def test_a_redirect_is_a_permanent_failure_that_says_so(status: int) -> None:
+    with pytest.raises(PermanentError) as info:
+        classify(status, "5", "moved", NOW, location="https://elsewhere.example/hook")
+    assert not isinstance(info.value, RetriableError)
+    assert "redirect to https://elsewhere.example/hook not followed" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [504, 599])
+def test_every_5xx_is_retriable(status: int) -> None:
+    with pytest.raises(RetriableError):
+        classify(status, None, "", NOW)
+
+
+@pytest.mark.parametrize("status", [100, 101, 600, 999])
+def test_statuses_outside_the_known_classes_are_permanent(status: int) -> None:
+    with pytest.raises(PermanentError) as info:
+        classify(status, None, "", NOW)
+    assert not isinstance(info.value, RetriableError)
+
+
+def test_a_retry_after_date_is_honoured_on_a_429() -> None:
+    when = format_datetime(datetime.fromtimestamp(NOW + 42, UTC), usegmt=True)
+    with pytest.raises(RetriableError) as info:
+        classify(429, when, "", NOW)
+    assert info.value.retry_after == 42.0
+
+
+# -- user headers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Content-Length", "CONTENT-LENGTH", "Transfer-Encoding", "Content-Type", "Connection",
+        "Keep-Alive", "TE", "Trailer", "Upgrade", "Proxy-Authorization", "Proxy-Authenticate",
+        "Proxy-Connection", "HOST", "Webhook-Signature", "WEBHOOK-ID",
+    ],
+)  # fmt: skip
+def test_hop_by_hop_and_signature_headers_are_refused_in_any_case(
+    adapter: WebhookAdapter, name: str
+) -> None:
+    error = refused(adapter, {"url": "https://example.com/hook", "headers": {name: "x"}})
+    assert error.field == f"config.headers.{name}"
+
+
+def test_a_user_header_cannot_duplicate_ours_in_another_case() -> None:
+    headers, _ = build_request(
+        message(), SECRET, {"User-Agent": "mine", "Accept-Encoding": "gzip", "X-A": "b"}, NOW
+    )
+    lowered = [k.lower() for k in headers]
+    assert len(lowered) == len(set(lowered))
+    assert headers["user-agent"] == "notifier"
+    assert headers["X-A"] == "b"
+
+
+# -- the address check --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ip", "reason"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.255.255.254", "loopback"),
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("172.31.255.255", "private"),
+        ("192.168.0.1", "private"),
+        ("100.64.0.1", "carrier-grade NAT"),
+        ("100.127.255.255", "carrier-grade NAT"),
+        ("169.254.169.254", "cloud metadata"),
+        ("169.254.1.1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("0.1.2.3", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("239.255.255.250", "multicast"),
+        ("240.0.0.1", "reserved"),
+        ("255.255.255.255", "broadcast"),
+        ("192.0.2.1", "documentation"),
+        ("198.51.100.7", "documentation"),
+        ("203.0.113.9", "documentation"),
+        ("198.18.0.1", "benchmarking"),
+        ("198.19.255.255", "benchmarking"),
+        ("192.0.0.8", "IETF protocol assignment"),
+        ("192.88.99.1", "6to4 relay anycast"),
+        ("::", "unspecified"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped: judged as the IPv4 address
+        ("::ffff:7f00:1", "loopback"),
+        ("::ffff:10.0.0.1", "private"),
+        ("::ffff:169.254.169.254", "cloud metadata"),
+        ("::127.0.0.1", "IPv4-compatible"),
+        ("::a00:1", "IPv4-compatible"),
+        ("::ffff:0:7f00:1", "reserved"),  # IPv4-translated
+        ("64:ff9b::7f00:1", "NAT64 of 127.0.0.1, loopback"),
+        ("64:ff9b::a00:1", "NAT64 of 10.0.0.1, private"),
+        ("64:ff9b::a9fe:a9fe", "NAT64 of 169.254.169.254, cloud metadata"),
+        ("64:ff9b:1::808:808", "local-use NAT64"),
+        ("2002:7f00:1::1", "6to4 of 127.0.0.1, loopback"),
+        ("2002:a00:1::", "6to4 of 10.0.0.1, private"),
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
+        ("2001:db8::1", "documentation"),
+        ("3fff::1", "documentation"),
+        ("2001:2::1", "benchmarking"),
+        ("2001:10::1", "IETF protocol assignment"),
+        ("fd00:ec2::254", "cloud metadata"),
+        ("fc00::1", "unique local"),
+        ("fd12:3456::1", "unique local"),
+        ("fe80::1", "link-local"),
+        ("fe80::1%eth0", "link-local"),
+        ("fec0::1", "site-local"),
+        ("ff02::1", "multicast"),
+        ("ff05::1:3", "multicast"),
+        ("100::1", "discard-only"),
+        ("4000::1", "reserved"),
+        ("not-an-ip", "not an IP address"),
+        ("", "not an IP address"),
+    ],
+)
+def test_check_address_blocks(ip: str, reason: str) -> None:
+    got = check_address(ip, False, ())
+    assert got is not None
+    assert reason in got
+    assert check_address(ip, True, ()) is None or reason == "not an IP address"
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "93.184.216.34",
+        "8.8.8.8",
+        "1.1.1.1",
+        "100.63.255.255",  # just below CGNAT
+        "100.128.0.0",  # just above
+        "172.32.0.1",  # just outside 172.16/12
+        "::ffff:8.8.8.8",
+        "2606:4700:4700::1111",
+        "2a00:1450:4001::200e",
+        "64:ff9b::808:808",  # NAT64 of a public address
+        "2002:808:808::1",  # 6to4 of a public address
+    ],
+)
+def test_check_address_allows_public_addresses(ip: str) -> None:
+    assert check_address(ip, False, ()) is None
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "ip", "allowed"),
+    [
+        (("10.0.0.0/8",), "10.1.2.3", True),
+        (("10.0.0.0/8",), "::ffff:10.1.2.3", True),  # the same destination
+        (("10.0.0.0/8",), "192.168.0.1", False),
+        (("10.0.0.0/8",), "64:ff9b::a00:1", False),  # exact: NAT64 forms are not opened
+        (("10.0.0.0/8",), "169.254.169.254", False),
+        (("127.0.0.1/32",), "127.0.0.1", True),
+        (("127.0.0.1/32",), "127.0.0.2", False),
+        (("fd00::/8",), "fd00::1", True),
+        (("fd00::/8",), "fc00::1", False),
+        ((ipaddress.ip_network("10.0.0.0/8"),), "10.0.0.1", True),  # parsed networks too
+    ],
+)
+def test_allowed_cidrs_open_exactly_their_networks(
+    cidrs: tuple[Any, ...], ip: str, allowed: bool
+) -> None:
+    assert (check_address(ip, False, cidrs) is None) is allowed
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),  # decimal
+        ("0x7f000001", "127.0.0.1"),  # hex
+        ("0x7f.1", "127.0.0.1"),  # hex, two parts
+        ("017700000001", "127.0.0.1"),  # octal
+        ("0177.0.0.1", "127.0.0.1"),  # octal part
+        ("127.1", "127.0.0.1"),  # short form
+        ("0", "0.0.0.0"),
+        ("93.184.216.34.", "93.184.216.34"),  # trailing dot
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("::ffff:127.0.0.1", "::ffff:7f00:1"),
+        ("example.com", None),
+        ("1example.com", None),
+        ("xn--bcher-kva.de", None),
+    ],
+)
+def test_literal_address(host: str, expected: str | None) -> None:
+    got = literal_address(host)
+    assert (None if got is None else str(got)) == expected
+
+
+@pytest.mark.parametrize("host", ["example.123", "256.1.1.1", "4294967296", "0x"])
+def test_a_host_ending_in_a_number_must_be_a_valid_address(host: str) -> None:
+    with pytest.raises(ValueError, match="not a valid IPv4 address"):
+        literal_address(host)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://2130706433/hook",  # 127.0.0.1 in decimal
+        "http://0x7f.1/hook",  # ... in hex
+        "http://0x7f000001/hook",
+        "http://017700000001/hook",  # ... in octal
+        "http://0177.0.0.1/hook",
+        "http://127.1/hook",
+        "http://0/hook",  # 0.0.0.0
+        "http://[::]/hook",
+        "http://[::ffff:7f00:1]/hook",  # IPv4-mapped, hex
+        "http://[::127.0.0.1]/hook",  # IPv4-compatible
+        "http://[64:ff9b::a00:1]/hook",  # NAT64 of 10.0.0.1
+        "http://[64:ff9b::7f00:1]/hook",  # NAT64 of 127.0.0.1
+        "http://[2002:7f00:1::1]/hook",  # 6to4 of 127.0.0.1
+        "http://[fd00:ec2::254]/latest/meta-data/",  # the IPv6 metadata address
+        "http://[ff02::1]/hook",  # multicast
+        "http://100.64.0.1/hook",  # CGNAT
+        "http://198.18.0.1/hook",  # benchmarking
+        "http://224.0.0.1/hook",  # multicast
+        "http://255.255.255.255/hook",  # broadcast
+        "http://192.0.2.1/hook",  # documentation
+        "http://localhost./hook",  # the loopback name, fully qualified
+        "http://api.localhost./hook",
+        "http://example.123/hook",  # ends in a number, not an address
+        "http://exa mple.com/hook",  # not a host httpx accepts
+    ],
+)
+def test_validate_url_refuses_blocked_literals_in_every_notation(url: str) -> None:
+    with pytest.raises(InvalidChannelConfig) as info:
+        validate_url(url, allow_private_networks=False)
+    assert info.value.field == "config.url"
+
+
+def test_a_blocked_literal_says_why() -> None:
+    with pytest.raises(InvalidChannelConfig) as info:
+        validate_url("http://0x7f.1/hook", allow_private_networks=False)
+    assert info.value.message.startswith(
+        "destination blocked: 0x7f.1 is 127.0.0.1, a loopback address"
+    )
+    with pytest.raises(InvalidChannelConfig) as info:
+        validate_url("http://127.0.0.1/hook", allow_private_networks=False)
+    assert info.value.message.startswith("destination blocked: 127.0.0.1 is a loopback address")
+
+
+def test_allowed_cidrs_open_a_literal_at_create() -> None:
+    validate_url("http://10.0.0.5/hook", allow_private_networks=False,
+                 allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
+    with pytest.raises(InvalidChannelConfig):
+        validate_url("http://10.0.0.5/hook", allow_private_networks=False,
+                     allowed_cidrs=["10.0.1.0/24"])  # fmt: skip
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=False,
+                             allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
+    assert adapter.prepare_config({"url": "http://10.0.0.5/hook"})["url"] == "http://10.0.0.5/hook"

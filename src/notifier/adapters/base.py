@@ -42,6 +42,29 @@ class Adapter(Protocol):
 
 
 @runtime_checkable
+class UpdatesConfig(Protocol):
+    """Optional: an adapter whose PATCH needs the stored config (e.g. a webhook secret rotation
+    keeps the replaced secret). Without it, a PATCH calls ``prepare_config`` alone."""
+
+    def prepare_config_update(
+        self, config: dict[str, Any], previous: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``prepare_config`` for a PATCH; ``previous`` is the stored config. The API has
+        already carried the stored ``secret_fields`` over into ``config`` where absent."""
+        ...
+
+
+@runtime_checkable
+class ChecksDestination(Protocol):
+    """Optional: checks of a prepared config that need I/O (e.g. resolving a webhook host),
+    run at channel create/patch after ``prepare_config``."""
+
+    async def check_destination(self, config: dict[str, Any]) -> None:
+        """Raise ``InvalidChannelConfig`` naming the field."""
+        ...
+
+
+@runtime_checkable
 class RateLimiter(Protocol):
     def check(self, message: WorkerMessage) -> float | None:
         """Seconds to wait before this message may be delivered, or None to go ahead."""

@@ -1,7 +1,14 @@
 """Webhook adapter: POST a Standard Webhooks envelope to the channel's URL.
 
-Pure parts (``build_request``, ``sign``, ``classify``) are separate from the thin I/O in
-``deliver`` so they are tested as tables without sockets.
+Pure parts (``build_request``, ``sign``, ``signing_secrets``, ``rotate_secret``, ``classify``,
+``check_address``, ``validate_url``) are separate from the thin I/O in ``deliver`` so they are
+tested as tables without sockets.
+
+SSRF guard (DESIGN §7): every delivery resolves the host itself, checks every address with
+``check_address`` and hands the checked addresses to the HTTP layer with the request; the
+network backend dials only those (``PinnedBackend``), so there is no second resolution that
+could answer differently. The URL is left as it is, so the ``Host`` header, TLS SNI and
+certificate verification are all for the hostname.
 """
 
 from __future__ import annotations
@@ -10,14 +17,31 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
+import socket
+import ssl
 import time
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 import msgspec
+import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.errors import PermanentError, RetriableError
@@ -32,16 +56,29 @@ READ_LIMIT_BYTES = 64 * 1024
 RESERVED_HEADERS = frozenset(
     {
         "host", "content-length", "content-type", "transfer-encoding", "connection",
-        "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "upgrade",
+        "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+        "trailer", "upgrade",
     }
 )  # fmt: skip
 RETRIABLE_STATUS = frozenset({408, 425, 429})
+# Secret rotation: the secret a PATCH replaced keeps signing until this time (epoch seconds).
+PREVIOUS_SECRET = "previous_secret"
+PREVIOUS_SECRET_EXPIRES_AT = "previous_secret_expires_at"
+ROTATION_FIELDS = (PREVIOUS_SECRET, PREVIOUS_SECRET_EXPIRES_AT)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# host, port -> the addresses it resolves to (strings as getaddrinfo gives them)
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str
     secret: str | None = None
     headers: dict[str, str] = {}
+
+
+# -- signing ------------------------------------------------------------------------------------
 
 
 def generate_secret() -> str:
@@ -59,28 +96,199 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def _is_private_literal(host: str) -> bool:
-    if host.lower() in {"localhost", "localhost.localdomain"} or host.lower().endswith(
-        ".localhost"
+def signing_secrets(config: dict[str, Any], now: float) -> list[str]:
+    """The secrets a delivery is signed with: the channel's secret, then the one it replaced
+    while that is still inside its grace period."""
+    out: list[str] = []
+    current = config.get("secret")
+    if isinstance(current, str) and current:
+        out.append(current)
+    previous = config.get(PREVIOUS_SECRET)
+    expires_at = config.get(PREVIOUS_SECRET_EXPIRES_AT)
+    if (
+        isinstance(previous, str)
+        and previous
+        and previous != current
+        and isinstance(expires_at, int | float)
+        and now < expires_at
     ):
-        return True
+        out.append(previous)
+    return out
+
+
+def rotate_secret(
+    stored: dict[str, Any], new_secret: str, *, now: float, grace_seconds: float
+) -> dict[str, Any]:
+    """The rotation fields of a channel whose stored config is ``stored`` and whose secret is
+    now ``new_secret``: a replaced secret keeps signing for ``grace_seconds``; an unchanged
+    secret keeps a previous one that has not expired. Only the latest replaced secret is kept."""
+    old = stored.get("secret")
+    if isinstance(old, str) and old and old != new_secret:
+        if grace_seconds <= 0:
+            return {}
+        return {PREVIOUS_SECRET: old, PREVIOUS_SECRET_EXPIRES_AT: now + grace_seconds}
+    previous = stored.get(PREVIOUS_SECRET)
+    expires_at = stored.get(PREVIOUS_SECRET_EXPIRES_AT)
+    if (
+        isinstance(previous, str)
+        and previous != new_secret
+        and isinstance(expires_at, int | float)
+        and now < expires_at
+    ):
+        return {PREVIOUS_SECRET: previous, PREVIOUS_SECRET_EXPIRES_AT: expires_at}
+    return {}
+
+
+# -- the SSRF guard -----------------------------------------------------------------------------
+
+
+def _nets(*pairs: tuple[str, str]) -> tuple[tuple[IPNetwork, str], ...]:
+    return tuple((ipaddress.ip_network(net), reason) for net, reason in pairs)
+
+
+# First match wins, so the narrower entries come first.
+_BLOCKED_V4 = _nets(
+    ("0.0.0.0/8", "unspecified ('this network')"),
+    ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "carrier-grade NAT"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.169.254/32", "cloud metadata"),
+    ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"),
+    ("192.0.0.0/24", "IETF protocol assignment"),
+    ("192.0.2.0/24", "documentation"),
+    ("192.88.99.0/24", "6to4 relay anycast"),
+    ("192.168.0.0/16", "private"),
+    ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation"),
+    ("203.0.113.0/24", "documentation"),
+    ("224.0.0.0/4", "multicast"),
+    ("255.255.255.255/32", "broadcast"),
+    ("240.0.0.0/4", "reserved"),
+)
+_BLOCKED_V6 = _nets(
+    ("::/128", "unspecified"),
+    ("::1/128", "loopback"),
+    ("::/96", "IPv4-compatible (deprecated)"),
+    ("64:ff9b:1::/48", "local-use NAT64"),
+    ("100::/64", "discard-only"),
+    ("2001::/32", "Teredo"),
+    ("2001:2::/48", "benchmarking"),
+    ("2001:db8::/32", "documentation"),
+    ("2001::/23", "IETF protocol assignment"),
+    ("3fff::/20", "documentation"),
+    ("fd00:ec2::254/128", "cloud metadata"),
+    ("fc00::/7", "unique local (private)"),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "site-local (deprecated)"),
+    ("ff00::/8", "multicast"),
+)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")
+_GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
+
+
+def _first_match(addr: IPAddress, table: tuple[tuple[IPNetwork, str], ...]) -> str | None:
+    for net, reason in table:
+        if addr.version == net.version and addr in net:
+            return reason
+    return None
+
+
+def _blocked_v4(addr: ipaddress.IPv4Address) -> str | None:
+    reason = _first_match(addr, _BLOCKED_V4)
+    if reason is None and not addr.is_global:
+        reason = "not globally routable"
+    return reason
+
+
+def check_address(
+    ip: str | IPAddress,
+    allow_private: bool = False,
+    allowed_cidrs: Iterable[str | IPNetwork] = (),
+) -> str | None:
+    """Why a webhook may not be sent to ``ip`` (``"loopback"``, ``"private"``, ...), or None
+    when it may. ``allow_private`` opens every address; an address inside one of
+    ``allowed_cidrs`` is allowed. An IPv4-mapped IPv6 address is judged as its IPv4 address;
+    NAT64 and 6to4 addresses by the IPv4 address they embed as well. Not an address: blocked."""
+    if allow_private:
+        return None
     try:
-        addr = ipaddress.ip_address(host.strip("[]"))
+        addr = ip if not isinstance(ip, str) else ipaddress.ip_address(ip)
     except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return not addr.is_global or addr.is_multicast
+        return "not an IP address"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # the kernel dials the IPv4 address
+    for cidr in allowed_cidrs:
+        net = ipaddress.ip_network(cidr) if isinstance(cidr, str) else cidr
+        if addr.version == net.version and addr in net:
+            return None
+    if isinstance(addr, ipaddress.IPv4Address):
+        return _blocked_v4(addr)
+    if addr in _NAT64:
+        embedded = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+        inner = _blocked_v4(embedded)
+        return f"NAT64 of {embedded}, {inner}" if inner else None
+    if addr in _SIX_TO_FOUR and addr.sixtofour is not None:
+        inner = _blocked_v4(addr.sixtofour)
+        if inner:
+            return f"6to4 of {addr.sixtofour}, {inner}"
+    reason = _first_match(addr, _BLOCKED_V6)
+    if reason is None and addr not in _GLOBAL_UNICAST_V6:
+        reason = "reserved"
+    if reason is None and not addr.is_global:
+        reason = "not globally routable"
+    return reason
 
 
-def validate_url(url: str, *, allow_private_networks: bool) -> None:
+def blocked_message(host: str, ip: str, reason: str, *, resolved: bool = True) -> str:
+    if host.strip("[]") == ip:
+        subject = f"{ip} is"
+    else:
+        subject = f"{host} {'resolves to' if resolved else 'is'} {ip},"
+    return (
+        f"destination blocked: {subject} a {reason} address (set allow_private_networks = "
+        "true or list it in allowed_cidrs under [workers.webhook] to allow it)"
+    )
+
+
+_NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+", flags=re.IGNORECASE)
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")  # after IDNA encoding
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """The address ``host`` spells, in any notation a resolver accepts (``2130706433``,
+    ``0x7f.1``, ``127.1``, ``[::1]``), or None for a name. A host whose last label is a number
+    is an IPv4 address (as WHATWG URL parsing says); one that is not valid raises
+    ``ValueError``."""
+    bare = host.strip("[]")
+    try:
+        return ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    labels = bare.removesuffix(".").split(".")
+    if not _NUMBER.fullmatch(labels[-1]):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(bare.removesuffix(".")))
+    except OSError as exc:
+        raise ValueError(f"{host!r} is not a valid IPv4 address") from exc
+
+
+def validate_url(
+    url: str, *, allow_private_networks: bool, allowed_cidrs: Iterable[str | IPNetwork] = ()
+) -> None:
+    """The checks of a webhook URL that need no network: http(s), a host, no user info, at most
+    2,048 characters, and not a literal blocked address (or a loopback name)."""
     if len(url) > MAX_URL_LENGTH:
         raise InvalidChannelConfig("config.url", f"longer than {MAX_URL_LENGTH} characters")
     try:
         parts = urlsplit(url)
         host = parts.hostname
         _ = parts.port
-    except ValueError as exc:
+        raw_host = httpx.URL(url).raw_host.decode("ascii")  # what ``deliver`` will use
+    except (ValueError, httpx.InvalidURL) as exc:
         raise InvalidChannelConfig("config.url", f"not a valid URL: {exc}") from exc
     if parts.scheme not in ("http", "https"):
         raise InvalidChannelConfig("config.url", "scheme must be http or https")
@@ -88,33 +296,58 @@ def validate_url(url: str, *, allow_private_networks: bool) -> None:
         raise InvalidChannelConfig("config.url", "has no host")
     if parts.username is not None or parts.password is not None:
         raise InvalidChannelConfig("config.url", "must not contain user info")
-    if not allow_private_networks and _is_private_literal(host):
-        raise InvalidChannelConfig(
-            "config.url",
-            "points at a private, loopback or link-local address "
-            "(set allow_private_networks = true under [workers.webhook] to allow it)",
-        )
+    try:
+        literal = literal_address(host)
+    except ValueError as exc:
+        raise InvalidChannelConfig("config.url", f"not a valid URL: {exc}") from exc
+    name = host.lower().removesuffix(".")
+    if literal is not None:
+        ip = str(literal)
+    elif not _HOSTNAME.fullmatch(raw_host):
+        raise InvalidChannelConfig("config.url", f"{raw_host!r} is not a valid host name")
+    elif name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        ip = "127.0.0.1"  # RFC 6761: always loopback
+    else:
+        return
+    reason = check_address(ip, allow_private_networks, allowed_cidrs)
+    if reason is not None:
+        raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason, resolved=False))
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The addresses of ``host`` from the system resolver (trio runs it on a thread)."""
+    infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+# -- the request --------------------------------------------------------------------------------
 
 
 def build_request(
-    message: WorkerMessage, secret: str | None, headers: dict[str, str], now: int
+    message: WorkerMessage,
+    secret: str | Sequence[str] | None,
+    headers: dict[str, str],
+    now: int,
 ) -> tuple[dict[str, str], bytes]:
-    """The headers and body of one attempt. ``webhook-id`` is stable across retries."""
+    """The headers and body of one attempt. ``webhook-id`` is stable across retries; with
+    several secrets (a rotation) ``webhook-signature`` has one space-separated entry each."""
     body = msgspec.json.encode(
         {"type": message.event_type, "timestamp": message.created_at, "data": message.payload}
     )
     msg_id = str(message.delivery_id)
-    out = dict(headers)
-    out.update(
-        {
-            "content-type": "application/json",
-            "user-agent": "notifier",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(now),
-        }
-    )
-    if secret:
-        out["webhook-signature"] = sign(secret, msg_id, now, body)
+    ours = {
+        "content-type": "application/json",
+        "user-agent": "notifier",
+        "accept-encoding": "identity",  # the answer is only excerpted: no decompression
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(now),
+    }
+    out = {k: v for k, v in headers.items() if k.lower() not in ours}
+    out.update(ours)
+    keys = [secret] if isinstance(secret, str) else list(secret or ())
+    signatures = [sign(key, msg_id, now, body) for key in keys if key]
+    if signatures:
+        out["webhook-signature"] = " ".join(signatures)
     return out, body
 
 
@@ -131,36 +364,326 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def classify(status_code: int, retry_after: str | None, excerpt: str, now: float) -> Receipt:
-    """2xx → receipt; 408/425/429/5xx → ``RetriableError``; anything else → ``PermanentError``."""
+def classify(
+    status_code: int,
+    retry_after: str | None,
+    excerpt: str,
+    now: float,
+    location: str | None = None,
+) -> Receipt:
+    """2xx → receipt; 408/425/429/5xx → ``RetriableError`` (with ``Retry-After``); 410 →
+    ``PermanentError`` that disables the channel; 3xx (never followed) and anything else →
+    ``PermanentError``."""
     if 200 <= status_code < 300:
         return Receipt(status_code=status_code, response_excerpt=excerpt or None)
     detail = f"HTTP {status_code}" + (f": {excerpt[:200]}" if excerpt else "")
-    if status_code in RETRIABLE_STATUS or status_code >= 500:
+    if status_code in RETRIABLE_STATUS or 500 <= status_code < 600:
         raise RetriableError(
             detail, retry_after=parse_retry_after(retry_after, now), status_code=status_code
+        )
+    if 300 <= status_code < 400:
+        target = f" to {location[:200]}" if location else ""
+        raise PermanentError(
+            f"HTTP {status_code}: redirect{target} not followed (redirects are never "
+            "followed; point the channel at the final URL)",
+            status_code=status_code,
+        )
+    if status_code == 410:
+        raise PermanentError(
+            detail + " (the receiver is gone; channel disabled)",
+            status_code=status_code,
+            disable_channel=True,
         )
     raise PermanentError(detail, status_code=status_code)
 
 
+# -- the pinned transport -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The checked addresses a request to ``host`` may be dialed at."""
+
+    host: str
+    addresses: tuple[str, ...]
+
+
+PIN_EXTENSION = "notifier.pin"
+_current_pin: ContextVar[Pin | None] = ContextVar("notifier_webhook_pin", default=None)
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """A network backend that dials only the addresses pinned for the request being sent, in
+    order, and refuses to connect anywhere else (fail closed). It never resolves names."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None) -> None:
+        self._inner = inner if inner is not None else httpcore.TrioBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        pin = _current_pin.get()
+        if pin is None or pin.host != host or not pin.addresses:
+            raise httpcore.ConnectError(f"refusing to connect to {host}: no checked address")
+        error: Exception | None = None
+        for address in pin.addresses:
+            try:
+                stream = await self._inner.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address,
+                    socket_options=socket_options,
+                )  # fmt: skip
+                return CuttableStream(stream)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not used for webhooks")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class CuttableStream(httpcore.AsyncNetworkStream):
+    """A network stream whose reads can be made to fail (``cut``) without closing it, so that
+    httpcore ends a response it is reading and closes the connection itself."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+        self.cut = False
+
+    async def read(
+        self,
+        max_bytes: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> bytes:
+        if self.cut:
+            raise httpcore.ReadError("response body limit reached")
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(
+        self,
+        buffer: bytes,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> None:
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> httpcore.AsyncNetworkStream:
+        return CuttableStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+# httpcore's errors as httpx's, most specific first (what httpx's own transport does).
+_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+)
+
+
+@contextmanager
+def _as_httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for theirs, ours in _ERRORS:
+            if isinstance(exc, theirs):
+                raise ours(str(exc)) from exc
+        raise
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """A response body that ends after ``max_bytes`` (or a little more: whole chunks).
+
+    Past the limit the connection's reads are cut: httpcore then either ends the body from
+    what it has buffered or fails its next read and closes the connection, so every async
+    generator on the way (httpcore's and httpx's) finishes rather than being abandoned half-way
+    (which trio reports as a ``ResourceWarning``), and the pool is left consistent."""
+
+    def __init__(
+        self, stream: AsyncIterable[bytes], network_stream: object, max_bytes: int | None
+    ) -> None:
+        self._stream = stream
+        self._network_stream = network_stream
+        self._max_bytes = max_bytes
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        parts = aiter(self._stream)
+        seen = 0
+        cutter = self._network_stream if isinstance(self._network_stream, CuttableStream) else None
+        cut = False
+        while True:
+            try:
+                with _as_httpx_errors():
+                    part = await anext(parts)
+            except StopAsyncIteration:
+                if cutter is not None:
+                    cutter.cut = False  # the body was complete: the connection stays usable
+                return
+            except httpx.ReadError:
+                if cut:
+                    return  # the read we cut: httpcore has closed the connection
+                raise
+            if cut:
+                continue  # what httpcore had buffered before the cut
+            seen += len(part)
+            yield part
+            if cutter is not None and self._max_bytes is not None and seen >= self._max_bytes:
+                cut = cutter.cut = True
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class PinnedTransport(httpx.AsyncBaseTransport):
+    """httpx over an httpcore pool whose backend is ``PinnedBackend``. A request carries its
+    ``Pin`` in the ``notifier.pin`` extension; new connections for it go to those addresses
+    only. The URL is untouched: ``Host``, SNI and certificate checks are for the hostname."""
+
+    def __init__(
+        self,
+        *,
+        network_backend: httpcore.AsyncNetworkBackend | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = 4,
+        max_body_bytes: int | None = None,
+    ) -> None:
+        """``max_body_bytes``: response bodies end there; the rest is never read."""
+        self._max_body_bytes = max_body_bytes
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=5.0,
+            network_backend=PinnedBackend(network_backend),
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        extensions = dict(request.extensions)
+        pin = extensions.pop(PIN_EXTENSION, None)
+        core = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=extensions,
+        )
+        token = _current_pin.set(pin if isinstance(pin, Pin) else None)
+        try:
+            with _as_httpx_errors():
+                resp = await self._pool.handle_async_request(core)
+        finally:
+            _current_pin.reset(token)
+        assert isinstance(resp.stream, AsyncIterable)
+        return httpx.Response(
+            status_code=resp.status,
+            headers=resp.headers,
+            stream=_ResponseStream(
+                resp.stream, resp.extensions.get("network_stream"), self._max_body_bytes
+            ),
+            extensions=resp.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+def _describe(exc: BaseException) -> str:
+    """The error and its innermost cause (an SSL verification failure, a refused connection)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    root = exc
+    for _ in range(10):  # bounded: a chain is short, and could in theory loop
+        inner = root.__cause__ or root.__context__
+        if inner is None:
+            break
+        root = inner
+    if root is not exc and str(root) and str(root) not in text:
+        text += f" ({type(root).__name__}: {root})"
+    return text
+
+
+# -- the adapter --------------------------------------------------------------------------------
+
+
 class WebhookAdapter:
     channel_type = "webhook"
-    secret_fields = frozenset({"secret"})
+    secret_fields = frozenset({"secret", *ROTATION_FIELDS})
 
-    def __init__(self, *, timeout_seconds: float, allow_private_networks: bool) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float,
+        allow_private_networks: bool,
+        allowed_cidrs: Iterable[str] = (),
+        secret_rotation_grace_seconds: float = 86_400.0,
+        resolver: Resolver = system_resolver,
+        network_backend: httpcore.AsyncNetworkBackend | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``resolver``, ``network_backend`` (what ``PinnedBackend`` dials through) and
+        ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
         self._timeout = timeout_seconds
         self._allow_private = allow_private_networks
+        self._allowed = tuple(ipaddress.ip_network(c) for c in allowed_cidrs)
+        self._grace = secret_rotation_grace_seconds
+        self._resolver = resolver
+        self._backend = network_backend
+        self._ssl_context = ssl_context
+        self._clock = clock
         # One client per concurrent delivery: a single shared httpx client degrades sharply
         # with concurrency under trio (DESIGN §11).
         self._idle: list[httpx.AsyncClient] = []
         self._all: list[httpx.AsyncClient] = []
+
+    # -- channel config (ingest) --
 
     def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
         try:
             cfg = msgspec.convert(config, WebhookConfig)
         except msgspec.ValidationError as exc:
             raise InvalidChannelConfig(*describe(exc, "config")) from exc
-        validate_url(cfg.url, allow_private_networks=self._allow_private)
+        validate_url(cfg.url, allow_private_networks=self._allow_private,
+                     allowed_cidrs=self._allowed)  # fmt: skip
         for name in cfg.headers:
             lowered = name.lower()
             if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
@@ -186,35 +709,124 @@ class WebhookAdapter:
                 )
         return {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
 
+    def prepare_config_update(
+        self, config: dict[str, Any], previous: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``prepare_config`` for a PATCH of a channel whose stored config is ``previous``: a
+        new secret starts a rotation (the replaced one keeps signing for the grace period)."""
+        config = dict(config)
+        if "secret" in config and config["secret"] is None:
+            # A generated secret is shown only in the 201 of a create: after a PATCH nobody
+            # would ever learn it.
+            raise InvalidChannelConfig("config.secret", "a PATCH must give the new secret")
+        for key in ROTATION_FIELDS:
+            # The API carries secret fields over from the stored config; anything else is a
+            # client trying to set them.
+            if key in config and config.pop(key) != previous.get(key):
+                raise InvalidChannelConfig(f"config.{key}", "is managed by notifier")
+        prepared = self.prepare_config(config)
+        prepared.update(
+            rotate_secret(previous, prepared["secret"], now=self._clock(),
+                          grace_seconds=self._grace)
+        )  # fmt: skip
+        return prepared
+
+    async def check_destination(self, config: dict[str, Any]) -> None:
+        """At channel create/patch: refuse a host that resolves to a blocked address now. A
+        host that does not resolve is accepted (its DNS may not be set up yet); every delivery
+        resolves again and fails closed."""
+        if self._allow_private:
+            return
+        url = httpx.URL(config["url"])
+        host = url.raw_host.decode("ascii")
+        if literal_address(host) is not None:
+            return  # checked by validate_url already
+        try:
+            with trio.fail_after(self._timeout):
+                addresses = await self._resolver(host, url.port or _default_port(url))
+        except (OSError, trio.TooSlowError):
+            return
+        for ip in addresses:
+            reason = check_address(ip, False, self._allowed)
+            if reason is not None:
+                raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason))
+
+    # -- delivery (workers) --
+
+    async def checked_addresses(self, host: str, port: int) -> tuple[str, ...]:
+        """Resolve ``host`` and check every address; ``RetriableError`` if it does not resolve,
+        ``PermanentError`` if any address is blocked. A literal address (in any notation) is
+        used as it is."""
+        try:
+            literal = literal_address(host)
+        except ValueError as exc:
+            raise PermanentError(f"config.url is not a valid URL: {exc}") from exc
+        if literal is not None:
+            addresses: tuple[str, ...] = (str(literal),)
+        else:
+            addresses = await self._resolve(host, port)
+        for ip in addresses:
+            reason = check_address(ip, self._allow_private, self._allowed)
+            if reason is not None:
+                raise PermanentError(blocked_message(host, ip, reason, resolved=literal is None))
+        return addresses
+
+    async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
+        try:
+            with trio.fail_after(self._timeout):
+                addresses = tuple(await self._resolver(host, port))
+        except trio.TooSlowError as exc:
+            raise RetriableError(f"could not resolve {host}: timed out") from exc
+        except OSError as exc:
+            raise RetriableError(f"could not resolve {host}: {exc}") from exc
+        if not addresses:
+            raise RetriableError(f"could not resolve {host}: no addresses")
+        return addresses
+
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         cfg = message.channel_config
-        now = time.time()
+        try:
+            url = httpx.URL(cfg["url"])
+        except (KeyError, TypeError, httpx.InvalidURL) as exc:
+            raise PermanentError(f"config.url is not a valid URL: {exc}") from exc
+        if url.scheme not in ("http", "https") or not url.raw_host:
+            raise PermanentError("config.url must be an http(s) URL with a host")
+        host = url.raw_host.decode("ascii")
+        pin = Pin(host, await self.checked_addresses(host, url.port or _default_port(url)))
+        now = self._clock()
         headers, body = build_request(
-            message, cfg.get("secret"), cfg.get("headers") or {}, int(now)
+            message, signing_secrets(cfg, now), cfg.get("headers") or {}, int(now)
         )
         client = self._idle.pop() if self._idle else self._new_client()
         try:
-            async with client.stream("POST", cfg["url"], content=body, headers=headers) as resp:
+            async with client.stream(
+                "POST", url, content=body, headers=headers, extensions={PIN_EXTENSION: pin}
+            ) as resp:
                 data = b""
-                async for chunk in resp.aiter_bytes():
+                async for chunk in resp.aiter_raw():  # the transport stops at the limit
                     data += chunk
-                    if len(data) >= READ_LIMIT_BYTES:
-                        break
         except httpx.TimeoutException as exc:
             raise RetriableError(f"timed out: {type(exc).__name__}") from exc
         except (httpx.TransportError, OSError) as exc:
-            raise RetriableError(f"connection failed: {type(exc).__name__}: {exc}") from exc
+            raise RetriableError(f"connection failed: {_describe(exc)}") from exc
         finally:
             self._idle.append(client)
         excerpt = data[:EXCERPT_BYTES].decode("utf-8", "ignore")  # never over EXCERPT_BYTES
-        return classify(resp.status_code, resp.headers.get("retry-after"), excerpt, time.time())
+        return classify(
+            resp.status_code, resp.headers.get("retry-after"), excerpt, self._clock(),
+            location=resp.headers.get("location"),
+        )  # fmt: skip
 
     def _new_client(self) -> httpx.AsyncClient:
         client = httpx.AsyncClient(
+            transport=PinnedTransport(
+                network_backend=self._backend,
+                ssl_context=self._ssl_context,
+                max_body_bytes=READ_LIMIT_BYTES,
+            ),
             timeout=httpx.Timeout(self._timeout),
             follow_redirects=False,
             trust_env=False,  # environment proxies are never used
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
         )
         self._all.append(client)
         return client
@@ -224,3 +836,7 @@ class WebhookAdapter:
             await client.aclose()
         self._all.clear()
         self._idle.clear()
+
+
+def _default_port(url: httpx.URL) -> int:
+    return 443 if url.scheme == "https" else 80

@@ -19,9 +19,15 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from notifier.adapters.base import Adapter, InvalidChannelConfig, public_config
+from notifier.adapters.base import (
+    Adapter,
+    ChecksDestination,
+    InvalidChannelConfig,
+    UpdatesConfig,
+    public_config,
+)
 from notifier.config import Config
-from notifier.errors import StoreUnavailable
+from notifier.errors import StoreUnavailable, UnstorableText
 from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn
 from notifier.store.pg import IdempotencyConflict, Store, UnknownChannels
 from notifier.store.rows import DELIVERY_STATUSES, Channel, Delivery, Event, NewEvent
@@ -123,7 +129,10 @@ def _uuid_arg(name: str) -> uuid.UUID | None:
 
 def _limit_arg() -> int:
     value = request.args.get("limit", str(DEFAULT_PAGE))
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+    # ASCII digits, and few: int() refuses '²' and strings of over 4300 digits with ValueError.
+    if not (value.isascii() and value.isdigit() and len(value) <= 6) or not (
+        1 <= int(value) <= MAX_PAGE
+    ):
         raise ApiError(422, "invalid_parameter", f"limit must be an integer from 1 to {MAX_PAGE}")
     return int(value)
 
@@ -170,6 +179,12 @@ def create_app(
         try:
             return msgspec.json.decode(data, type=kind)
         except msgspec.ValidationError as exc:
+            # Typed decoding stops at the first misfit, so `[1, 2` or `{"x": ` would be a 422;
+            # on this error path only, check that the body is JSON at all.
+            try:
+                msgspec.json.decode(data)
+            except msgspec.DecodeError as bad:
+                raise ApiError(400, "invalid_json", f"body is not valid JSON: {bad}") from bad
             raise ApiError(422, "validation_error", _validation_message(exc)) from exc
         except msgspec.DecodeError as exc:
             raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
@@ -184,9 +199,18 @@ def create_app(
             )  # fmt: skip
         return adapter
 
-    def prepare(adapter: Adapter, cfg: dict[str, Any]) -> dict[str, Any]:
+    async def prepare(
+        adapter: Adapter, cfg: dict[str, Any], stored: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Validate a channel config; ``stored`` is the current one on PATCH (secret rotation)."""
         try:
-            return adapter.prepare_config(cfg)
+            if stored is not None and isinstance(adapter, UpdatesConfig):
+                prepared = adapter.prepare_config_update(cfg, stored)
+            else:
+                prepared = adapter.prepare_config(cfg)
+            if isinstance(adapter, ChecksDestination):
+                await adapter.check_destination(prepared)
+            return prepared
         except InvalidChannelConfig as exc:
             raise ApiError(422, "validation_error", str(exc)) from exc
 
@@ -208,6 +232,13 @@ def create_app(
         return _error(
             503, "unavailable", "the database is unavailable; nothing was stored, try again",
             {"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )  # fmt: skip
+
+    @app.errorhandler(UnstorableText)
+    async def on_unstorable_text(exc: UnstorableText) -> Response:
+        return _error(
+            422, "validation_error",
+            "text must not contain the NUL character (\\u0000): Postgres cannot store it",
         )  # fmt: skip
 
     @app.errorhandler(Exception)
@@ -247,7 +278,7 @@ def create_app(
         data = await body(ChannelIn)
         adapter = adapter_for(data.type)
         channel = await store.create_channel(
-            tenant_id, type=data.type, name=data.name, config=prepare(adapter, data.config),
+            tenant_id, type=data.type, name=data.name, config=await prepare(adapter, data.config),
             recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
             max_attempts=data.max_attempts,
         )  # fmt: skip
@@ -289,7 +320,7 @@ def create_app(
             for key in adapter.secret_fields:  # secrets are kept unless replaced
                 if key not in new_config and key in channel.config:
                     new_config[key] = channel.config[key]
-            changes["config"] = prepare(adapter, new_config)
+            changes["config"] = await prepare(adapter, new_config, channel.config)
         updated = await store.update_channel(msgspec.structs.replace(channel, **changes))
         if updated is None:
             raise ApiError(404, "not_found", "channel not found")

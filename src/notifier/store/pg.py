@@ -22,7 +22,7 @@ import msgspec
 import trio
 
 from notifier.bridge import aio, open_bridge
-from notifier.errors import StoreError, StoreUnavailable
+from notifier.errors import StoreError, StoreUnavailable, UnstorableText
 from notifier.store.rows import (
     Attempt,
     AttemptRecord,
@@ -92,6 +92,8 @@ def _crossing(
             return await aio(fn, self, *args, **kwargs)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        except (asyncpg.UntranslatableCharacterError, asyncpg.CharacterNotInRepertoireError) as exc:
+            raise UnstorableText(f"Postgres cannot store this text: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"Postgres error: {exc}") from exc
 

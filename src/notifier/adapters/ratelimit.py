@@ -1,0 +1,127 @@
+"""In-process rate limits for adapters: token buckets, pure and clock-free.
+
+Every method takes ``now`` (seconds on any monotonic clock; adapters pass ``trio.current_time()``
+so the limits follow trio's ``MockClock`` in tests). Nothing here sleeps: a limiter answers how
+long to wait, and the worker turns that wait into a trip through a delay tier (DESIGN §5).
+
+A ``TokenBucket`` holds ``tokens`` tokens and each token spent comes back exactly ``period``
+seconds after it was spent (the "sliding log" form of a token bucket). So at most ``tokens``
+messages go out in *any* window of ``period`` seconds: strict, unlike a continuously refilled
+bucket of the same size, which lets twice its size through in the first second after an idle
+spell. With one token (the per-chat limit) both forms are the same: one message per period.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+# Float slack when comparing times: a token due "now" is back, whatever rounding did to it.
+_EPSILON = 1e-9
+
+
+class TokenBucket:
+    """``tokens`` tokens, each back ``period`` seconds after it was spent."""
+
+    __slots__ = ("_spent", "period", "tokens")
+
+    def __init__(self, tokens: int, period: float) -> None:
+        if tokens < 1:
+            raise ValueError("a bucket needs at least one token")
+        if not period > 0:
+            raise ValueError("period must be positive")
+        self.tokens = tokens
+        self.period = period
+        self._spent: deque[float] = deque()  # when each token still out was spent, oldest first
+
+    @classmethod
+    def per_second(cls, rate: float) -> TokenBucket:
+        """``rate`` messages per second: ``floor(rate)`` tokens (at least one) over the period
+        that gives that rate (1/s → 1 token per 1 s, 30/s → 30 per 1 s, 0.5/s → 1 per 2 s)."""
+        if not rate > 0:
+            raise ValueError("rate must be positive")
+        tokens = max(1, math.floor(rate))
+        return cls(tokens, tokens / rate)
+
+    def _refill(self, now: float) -> None:
+        spent = self._spent
+        while spent and spent[0] + self.period <= now + _EPSILON:
+            spent.popleft()
+
+    def wait(self, now: float) -> float:
+        """Seconds until a token is free; 0.0 when one is free now."""
+        self._refill(now)
+        if len(self._spent) < self.tokens:
+            return 0.0
+        return max(0.0, self._spent[0] + self.period - now)
+
+    def take(self, now: float) -> None:
+        """Spend a token; only call it when ``wait(now)`` is 0."""
+        self._refill(now)
+        if len(self._spent) >= self.tokens:
+            raise RuntimeError("no token free: call wait() first")
+        self._spent.append(now)
+
+    def full(self, now: float) -> bool:
+        """Every token is back: the bucket is the same as a new one and may be forgotten."""
+        self._refill(now)
+        return not self._spent
+
+
+class KeyedLimiter(Generic[K]):
+    """One bucket per key (e.g. per chat), made on first use and forgotten once full again.
+
+    Buckets are kept in the order they were last spent from; all have the same period, so the
+    first one is always the first to fill up, and forgetting stops at the first that has not.
+    The memory held is therefore bounded by the keys used within one period.
+    """
+
+    def __init__(self, make_bucket: Callable[[], TokenBucket]) -> None:
+        self._make = make_bucket
+        self._buckets: OrderedDict[K, TokenBucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def wait(self, key: K, now: float) -> float:
+        bucket = self._buckets.get(key)
+        return 0.0 if bucket is None else bucket.wait(now)
+
+    def take(self, key: K, now: float) -> None:
+        self.forget_idle(now)
+        bucket = self._buckets.pop(key, None) or self._make()
+        bucket.take(now)
+        self._buckets[key] = bucket  # now the most recently spent
+
+    def forget_idle(self, now: float) -> None:
+        while self._buckets:
+            key, bucket = next(iter(self._buckets.items()))
+            if not bucket.full(now):
+                return
+            del self._buckets[key]
+
+
+class RateLimits(Generic[K]):
+    """A per-key limit and an overall one (Telegram: per chat and per bot).
+
+    ``acquire`` either spends a token from both (the message may go now: 0.0) or spends
+    nothing and answers how long until both would have one.
+    """
+
+    def __init__(self, *, per_key_per_second: float, total_per_second: float) -> None:
+        self.per_key: KeyedLimiter[K] = KeyedLimiter(
+            lambda: TokenBucket.per_second(per_key_per_second)
+        )
+        self.total = TokenBucket.per_second(total_per_second)
+
+    def acquire(self, key: K, now: float) -> float:
+        wait = max(self.per_key.wait(key, now), self.total.wait(now))
+        if wait > 0:
+            return wait
+        self.per_key.take(key, now)
+        self.total.take(now)
+        return 0.0

@@ -1,0 +1,409 @@
+"""Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot.
+
+Pure parts (``prepare_chat_id``, ``build_text``, ``build_request``, ``classify``,
+``transport_error``, ``scrub``) are separate from the thin httpx I/O in ``deliver`` so they are
+tested as tables without sockets.
+
+The bot token is part of every request URL (``{api_base_url}/bot<token>/sendMessage``), so it
+is kept out of everything notifier writes down:
+
+- error strings are built without the URL, and whatever text comes from elsewhere (an httpx
+  exception, a response body) goes through ``scrub`` first;
+- an httpx exception is never chained to the error raised in its place (its message and its
+  request hold the URL);
+- a logging filter on the ``httpx`` and ``httpcore`` loggers (httpx logs every request URL at
+  INFO) replaces the token in their records, whatever level they are configured at.
+
+Long texts are truncated, not refused: Telegram takes at most 4096 characters (counted in
+UTF-16 code units, as it counts them), and a notification cut short with a trailing "…" is more
+useful than a delivery that is ``DEAD`` because an event's payload was large.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+import msgspec
+import trio
+
+from notifier.adapters.base import InvalidChannelConfig, Receipt
+from notifier.adapters.ratelimit import RateLimits
+from notifier.adapters.templates import compile_template, render
+from notifier.config import TelegramWorkersConfig
+from notifier.errors import ConfigError, PermanentError, RetriableError
+from notifier.messages import WorkerMessage
+from notifier.validation import describe
+
+MAX_TEXT_UNITS = 4096  # Telegram's limit for a message text, in UTF-16 code units
+TRUNCATION_MARK = "…"
+DEFAULT_TEXT_TEMPLATE = "{{ event_type }}\n\n{{ payload_json }}"
+TEXT_TEMPLATE_FIELD = "config.text_template"
+CHAT_ID_FIELD = "config.chat_id"
+EXCERPT_BYTES = 2048
+READ_LIMIT_BYTES = 64 * 1024
+MAX_CHAT_ID = 2**53  # Telegram ids fit in 52 bits; JSON-safe integers are below 2^53
+REDACTED = "***"
+
+_CHANNEL_USERNAME = re.compile(r"@[A-Za-z0-9_]{5,32}")
+_BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
+class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    chat_id: int | str
+    text_template: str | None = None
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (raw or percent-encoded, as it may appear in a URL) replaced."""
+    if not secret:
+        return text
+    for form in {secret, quote(secret, safe="")}:
+        text = text.replace(form, REDACTED)
+    return text
+
+
+class SecretScrubber(logging.Filter):
+    """Replaces registered secrets in the records of the loggers it is installed on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secrets: set[str] = set()
+
+    def add(self, secret: str) -> None:
+        self._secrets.add(secret)
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = scrub(text, secret)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # a broken record: leave it to the handler to complain
+            return True
+        clean = self.scrub(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+_scrubber = SecretScrubber()
+
+
+def protect_in_http_logs(secret: str) -> None:
+    """Keep ``secret`` out of the httpx/httpcore log records of this process (for good: a
+    registered secret is never unregistered, so a late record of a closed adapter is covered)."""
+    _scrubber.add(secret)
+    for name in _HTTP_LOGGERS:
+        logging.getLogger(name).addFilter(_scrubber)  # adding the same filter twice is a no-op
+
+
+# -- channel config -----------------------------------------------------------------------------
+
+
+def prepare_chat_id(value: object) -> int | str:
+    """An integer chat id, or ``@channelusername`` (5 to 32 letters, digits or underscores)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value == 0 or abs(value) >= MAX_CHAT_ID:
+            raise InvalidChannelConfig(CHAT_ID_FIELD, "is not a valid Telegram chat id")
+        return value
+    if isinstance(value, str) and _CHANNEL_USERNAME.fullmatch(value):
+        return value
+    raise InvalidChannelConfig(
+        CHAT_ID_FIELD,
+        'must be an integer chat id or "@channelusername" '
+        "(@ then 5 to 32 letters, digits or underscores)",
+    )
+
+
+def chat_key(config: Mapping[str, Any]) -> int | str | None:
+    """The rate-limit key of a channel's chat (usernames are case-insensitive), or None."""
+    try:
+        chat_id = prepare_chat_id(config.get("chat_id"))
+    except InvalidChannelConfig:
+        return None
+    return chat_id.lower() if isinstance(chat_id, str) else chat_id
+
+
+# -- request ------------------------------------------------------------------------------------
+
+
+def utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def fit_text(text: str, limit: int = MAX_TEXT_UNITS) -> str:
+    """``text`` if Telegram takes it whole, else its start and "…" within ``limit`` units."""
+    if len(text) <= limit // 2 or utf16_units(text) <= limit:
+        return text
+    budget = limit - utf16_units(TRUNCATION_MARK)
+    used = 0
+    for index, char in enumerate(text):
+        used += 2 if ord(char) > 0xFFFF else 1
+        if used > budget:
+            return text[:index] + TRUNCATION_MARK
+    return text
+
+
+def build_text(message: WorkerMessage) -> str:
+    """The message text: the channel's template (or the default) rendered, fitted to the limit.
+    A template that fails, or renders nothing but whitespace, is a ``PermanentError``."""
+    source = message.channel_config.get("text_template") or DEFAULT_TEXT_TEMPLATE
+    if not isinstance(source, str):
+        raise PermanentError(f"{TEXT_TEMPLATE_FIELD}: must be a string")
+    text = render(source, message, TEXT_TEMPLATE_FIELD)
+    if not text.strip():
+        raise PermanentError(f"{TEXT_TEMPLATE_FIELD}: the rendered text is empty")
+    return fit_text(text)
+
+
+def build_request(
+    api_base_url: str, token: str, chat_id: int | str, text: str
+) -> tuple[str, bytes]:
+    """The URL and JSON body of one ``sendMessage`` call (plain text: no ``parse_mode``)."""
+    url = f"{api_base_url.rstrip('/')}/bot{token}/sendMessage"
+    return url, msgspec.json.encode({"chat_id": chat_id, "text": text})
+
+
+# -- response -----------------------------------------------------------------------------------
+
+
+class BotApiAnswer(msgspec.Struct):
+    """The parts of a Bot API answer that matter here; anything else is ignored."""
+
+    ok: bool = False
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+def _parse_answer(body: bytes) -> BotApiAnswer | None:
+    try:
+        return msgspec.json.decode(body, type=BotApiAnswer)
+    except msgspec.DecodeError:  # not JSON (a proxy's error page) or cut at the read limit
+        return None
+
+
+def _retry_after(answer: BotApiAnswer | None, header: str | None) -> float | None:
+    value = (answer.parameters or {}).get("retry_after") if answer else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if header and header.strip().isdigit():
+        return float(header.strip())
+    return None
+
+
+def classify(
+    status_code: int,
+    body: bytes,
+    *,
+    retry_after_header: str | None = None,
+    secret: str | None = None,
+) -> Receipt:
+    """A Bot API answer → a receipt, or the error it means.
+
+    200 with ``ok: true`` → receipt; 429 → ``RetriableError`` with ``parameters.retry_after``;
+    403 (the bot was blocked or kicked) → ``PermanentError`` that disables the channel; 400
+    (chat not found, ...) and any other 4xx → ``PermanentError``; 5xx (and a 200 that is not
+    a Bot API success) → ``RetriableError``; anything else (3xx is never followed) → permanent.
+    """
+    # Postgres text cannot hold NUL: an answer carrying one must not make the attempt unstorable.
+    excerpt = scrub(body[:EXCERPT_BYTES].decode("utf-8", "ignore"), secret).replace("\0", "")
+    answer = _parse_answer(body)
+    if 200 <= status_code < 300 and answer is not None and answer.ok:
+        return Receipt(status_code=status_code, response_excerpt=excerpt or None)
+    described = answer.description if answer and answer.description else excerpt
+    described = scrub(described, secret).replace("\0", "")[:200]
+    detail = f"HTTP {status_code}" + (f": {described}" if described else "")
+    if status_code == 429:
+        raise RetriableError(
+            detail,
+            retry_after=_retry_after(answer, retry_after_header),
+            status_code=status_code,
+        )
+    if status_code >= 500 or 200 <= status_code < 300:
+        if status_code < 300:
+            detail += " (not a Bot API success)"
+        raise RetriableError(detail, status_code=status_code)
+    if status_code == 403:
+        raise PermanentError(detail, status_code=status_code, disable_channel=True)
+    migrated = (answer.parameters or {}).get("migrate_to_chat_id") if answer else None
+    if isinstance(migrated, int) and not isinstance(migrated, bool):
+        detail += f" (the group is now the supergroup {migrated}: set config.chat_id to it)"
+    raise PermanentError(detail, status_code=status_code)
+
+
+def transport_error(exc: Exception, secret: str | None) -> Exception:
+    """What to raise in place of an exception from the I/O layer, with ``secret`` scrubbed from
+    its text (httpx exceptions may name the request URL). Timeouts and connection errors are
+    retriable; an unusable URL is permanent; anything else is an adapter crash (a bug)."""
+    text = scrub(str(exc), secret)
+    name = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return RetriableError(f"timed out: {name}")
+    if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        return PermanentError(f"unusable Bot API URL: {name}: {text}")
+    if isinstance(exc, httpx.HTTPError | OSError):
+        return RetriableError(f"connection failed: {name}: {text}")
+    return TelegramAdapterCrash(f"{name}: {text}")
+
+
+class TelegramAdapterCrash(RuntimeError):
+    """An unexpected exception from the I/O layer, its text scrubbed (the worker's panic path
+    logs and stores it)."""
+
+
+# -- the adapter --------------------------------------------------------------------------------
+
+
+class TelegramAdapter:
+    channel_type = "telegram"
+    secret_fields: frozenset[str] = frozenset()
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        api_base_url: str = "https://api.telegram.org",
+        timeout_seconds: float = 10.0,
+        per_chat_per_second: float = 1.0,
+        per_bot_per_second: float = 30.0,
+        clock: Callable[[], float] = trio.current_time,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not token:
+            raise ValueError("the bot token is empty")
+        protect_in_http_logs(token)
+        self._token = token
+        self._api_base_url = api_base_url.rstrip("/")
+        self._timeout = timeout_seconds
+        self._clock = clock
+        self._transport = transport  # tests pass httpx.MockTransport
+        self.limits: RateLimits[int | str] = RateLimits(
+            per_key_per_second=per_chat_per_second, total_per_second=per_bot_per_second
+        )
+        # One client per concurrent delivery: a single shared httpx client degrades sharply
+        # with concurrency under trio (DESIGN §11).
+        self._idle: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+
+    @classmethod
+    def from_config(
+        cls, config: TelegramWorkersConfig, environ: Mapping[str, str]
+    ) -> TelegramAdapter:
+        """The adapter of ``[workers.telegram]``, its token read from ``bot_token_env``."""
+        var = config.bot_token_env
+        token = environ.get(var, "").strip()
+        if not token:
+            raise ConfigError(
+                f"workers.telegram.bot_token_env: the environment variable {var} "
+                "(the bot token) is not set or empty"
+            )
+        if not _BOT_TOKEN.fullmatch(token):
+            raise ConfigError(
+                f"workers.telegram.bot_token_env: the environment variable {var} does not hold "
+                "a bot token (digits, a colon, then letters, digits, _ or -)"
+            )
+        parts = urlsplit(config.api_base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError("workers.telegram.api_base_url: must be an http(s) URL with a host")
+        return cls(
+            token,
+            api_base_url=config.api_base_url,
+            timeout_seconds=config.timeout_seconds,
+            per_chat_per_second=config.per_chat_per_second,
+            per_bot_per_second=config.per_bot_per_second,
+        )
+
+    def __repr__(self) -> str:  # never the token
+        return f"TelegramAdapter(api_base_url={self._api_base_url!r})"
+
+    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        try:
+            cfg = msgspec.convert(config, TelegramConfig)
+        except msgspec.ValidationError as exc:
+            raise InvalidChannelConfig(*describe(exc, "config")) from exc
+        out: dict[str, Any] = {"chat_id": prepare_chat_id(cfg.chat_id)}
+        if cfg.text_template is not None:
+            compile_template(cfg.text_template, TEXT_TEMPLATE_FIELD)
+            out["text_template"] = cfg.text_template
+        return out
+
+    def check(self, message: WorkerMessage) -> float | None:
+        """``RateLimiter``: seconds until this chat and this bot both have room, or None (the
+        message goes now and its slot is taken)."""
+        key = chat_key(message.channel_config)
+        if key is None:
+            return None  # an unusable chat id: ``deliver`` fails it for good
+        wait = self.limits.acquire(key, self._clock())
+        return wait or None
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        try:
+            chat_id = prepare_chat_id(message.channel_config.get("chat_id"))
+        except InvalidChannelConfig as exc:
+            raise PermanentError(str(exc)) from None
+        url, body = build_request(self._api_base_url, self._token, chat_id, build_text(message))
+        headers = {"content-type": "application/json", "user-agent": "notifier"}
+        client = self._idle.pop() if self._idle else self._new_client()
+        failure: Exception | None = None
+        status_code = 0
+        retry_after: str | None = None
+        data = b""
+        try:
+            async with client.stream("POST", url, content=body, headers=headers) as resp:
+                status_code, retry_after = resp.status_code, resp.headers.get("retry-after")
+                async for chunk in resp.aiter_bytes():
+                    data += chunk
+                    if len(data) >= READ_LIMIT_BYTES:
+                        break
+        except Exception as exc:
+            # Raised below, outside this block, so nothing chains back to ``exc`` (whose text
+            # and request hold the URL with the token).
+            failure = transport_error(exc, self._token)
+        finally:
+            self._idle.append(client)
+        if failure is not None:
+            raise failure
+        return classify(
+            status_code, data[:READ_LIMIT_BYTES], retry_after_header=retry_after,
+            secret=self._token,
+        )  # fmt: skip
+
+    def _new_client(self) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self._timeout),
+            follow_redirects=False,
+            trust_env=False,  # environment proxies are never used
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
+            transport=self._transport,
+        )
+        self._all.append(client)
+        return client
+
+    async def aclose(self) -> None:
+        for client in self._all:
+            await client.aclose()
+        self._all.clear()
+        self._idle.clear()

@@ -1,0 +1,318 @@
+"""The telegram channel end to end: the whole service in this process against the real Postgres
+and RabbitMQ, delivering to a fake Bot API (``notifier.testing.FakeBotApi``).
+
+The adapter is built by the registry from ``[workers.telegram]``, its token read from the
+environment variable the config names (set per test with ``monkeypatch``, removed afterwards).
+Every test runs with every logger at DEBUG, and afterwards the bot token must be nowhere: not in
+a log record, not in a delivery's ``last_error``, an attempt's error or excerpt, or a disabled
+channel's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import trio
+
+from notifier.config import Config
+from notifier.testing import (
+    BOT_BLOCKED,
+    CHAT_NOT_FOUND,
+    SERVER_ERROR,
+    BotApiReply,
+    open_fake_bot_api,
+)
+from tests.integration.conftest import create_tenant, make_config, poll, run_notifier, sql
+
+TOKEN = "987654321:AAF-integration_token_never_logged"
+SECRET_PART = TOKEN.split(":", 1)[1]
+TOKEN_ENV = "TEST_TELEGRAM_BOT_TOKEN"
+FAST_RETRY = {"base_seconds": 1, "max_seconds": 30, "tiers_seconds": [1, 2, 5, 30]}
+
+
+@pytest.fixture(autouse=True)
+def _token_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # for this test only: monkeypatch undoes it
+
+
+def stored_texts(database_url: str) -> list[str]:
+    """Every error, excerpt, disabled reason and channel config stored in the database."""
+
+    async def run() -> list[str]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT coalesce(last_error, '') FROM deliveries"
+                " UNION ALL SELECT coalesce(error, '') || coalesce(response_excerpt, '')"
+                " FROM delivery_attempts"
+                " UNION ALL SELECT coalesce(disabled_reason, '') || config::text FROM channels"
+            )
+        finally:
+            await conn.close()
+        return [r[0] for r in rows]
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(autouse=True)
+def _the_token_leaks_nowhere(caplog: pytest.LogCaptureFixture, database_url: str) -> Iterator[None]:
+    """Every logger at DEBUG during the test; afterwards no log record and nothing stored in
+    the database holds the token. (Sync: pytest-trio does not run autouse async fixtures.)"""
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpx", "httpcore", "notifier"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert records
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    for record in records:
+        assert SECRET_PART not in formatter.format(record), record.name
+    stored = stored_texts(database_url)
+    assert stored
+    assert [text for text in stored if SECRET_PART in text] == []
+
+
+def telegram_config(database_url: str, broker_url: str, api: str, **telegram: Any) -> Config:
+    workers = {
+        "telegram": {
+            "concurrency": 4, "prefetch": 8, "api_base_url": api, "bot_token_env": TOKEN_ENV,
+            **telegram,
+        }
+    }  # fmt: skip
+    return make_config(database_url, broker_url, retry=FAST_RETRY, workers=workers)
+
+
+async def create_channel(api: httpx.AsyncClient, chat_id: int | str, **fields: Any) -> str:
+    config = {"chat_id": chat_id, **fields.pop("config", {})}
+    body = {"type": "telegram", "config": config, "event_types": ["*"], **fields}
+    resp = await api.post("/v1/channels", json=body)
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["id"])
+
+
+async def post_event(api: httpx.AsyncClient, **fields: Any) -> dict[str, str]:
+    """POST one event; return its delivery ids by channel id."""
+    body = {"type": "order.created", "payload": {"order": 1}, **fields}
+    resp = await api.post("/v1/events", json=body)
+    assert resp.status_code == 202, resp.text
+    return {d["channel_id"]: d["id"] for d in resp.json()["deliveries"]}
+
+
+async def delivery(url: str, delivery_id: str) -> dict[str, Any]:
+    (row,) = await sql(
+        url, "SELECT status, attempt, last_error FROM deliveries WHERE id = $1",
+        uuid.UUID(delivery_id),
+    )  # fmt: skip
+    return dict(row)
+
+
+async def outcomes(url: str, delivery_id: str) -> list[tuple[int, str]]:
+    rows = await sql(
+        url, "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id",
+        uuid.UUID(delivery_id),
+    )  # fmt: skip
+    return [(r["attempt"], r["outcome"]) for r in rows]
+
+
+async def wait_status(url: str, delivery_id: str, *statuses: str) -> None:
+    async def reached() -> bool:
+        return (await delivery(url, delivery_id))["status"] in statuses
+
+    await poll(reached)
+
+
+async def test_an_event_is_sent_to_the_chat_with_the_rendered_text(
+    database_url: str, broker_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        config = telegram_config(database_url, broker_url, bot.url)
+        async with run_notifier(config) as running, running.client(key) as api:
+            templated = await create_channel(
+                api,
+                4242,
+                config={"text_template": "Order {{ payload.order }} is {{ payload.status }}"},
+            )
+            plain = await create_channel(api, "@my_channel")
+            ids = await post_event(api, payload={"order": 7, "status": "paid"})
+            with trio.fail_after(30):
+                for delivery_id in ids.values():
+                    await wait_status(database_url, delivery_id, "DELIVERED")
+    assert sorted(ids) == sorted([templated, plain])
+    by_chat = {call.chat_id: call for call in bot.sent()}
+    assert set(by_chat) == {4242, "@my_channel"}
+    assert all(call.token == TOKEN and call.method == "sendMessage" for call in bot.calls)
+    assert by_chat[4242].text == "Order 7 is paid"
+    default_text = by_chat["@my_channel"].text
+    assert default_text is not None
+    assert default_text.startswith("order.created\n\n")
+    assert '"status": "paid"' in default_text
+    (row,) = await sql(
+        database_url,
+        "SELECT outcome, status_code, response_excerpt FROM delivery_attempts"
+        " WHERE delivery_id = $1",
+        uuid.UUID(ids[templated]),
+    )
+    assert (row["outcome"], row["status_code"]) == ("delivered", 200)
+    assert '"ok": true' in row["response_excerpt"]
+    # httpx logged the requests (every logger is at DEBUG), with the token scrubbed.
+    logged = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert any("/bot***/sendMessage" in m for m in logged), logged
+
+
+async def test_a_429_is_retried_after_its_retry_after_and_a_500_after_the_backoff(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        bot.script(100, BotApiReply.too_many_requests(2))
+        bot.script(200, SERVER_ERROR)
+        config = telegram_config(database_url, broker_url, bot.url)
+        async with run_notifier(config) as running, running.client(key) as api:
+            limited = await create_channel(api, 100)
+            failing = await create_channel(api, 200)
+            ids = await post_event(api)
+            with trio.fail_after(30):
+                for delivery_id in ids.values():
+                    await wait_status(database_url, delivery_id, "DELIVERED")
+    first, second = [c for c in bot.calls if c.chat_id == 100]
+    assert (first.status, second.status) == (429, 200)
+    # The backoff after attempt 1 is 1 s; Telegram's retry_after (2 s) is longer and wins.
+    assert 2.0 <= second.at - first.at < 5.0
+    assert await outcomes(database_url, ids[limited]) == [(1, "retry"), (2, "delivered")]
+    row = await delivery(database_url, ids[limited])
+    assert (row["attempt"], row["last_error"]) == (2, None)
+    attempts = await sql(
+        database_url,
+        "SELECT error, status_code FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id",
+        uuid.UUID(ids[limited]),
+    )
+    assert attempts[0]["status_code"] == 429
+    assert attempts[0]["error"] == "HTTP 429: Too Many Requests: retry after 2"
+    first, second = [c for c in bot.calls if c.chat_id == 200]
+    assert (first.status, second.status) == (500, 200)
+    assert 1.0 <= second.at - first.at < 4.0
+    assert await outcomes(database_url, ids[failing]) == [(1, "retry"), (2, "delivered")]
+
+
+async def test_messages_to_one_chat_are_spread_a_second_apart_without_using_attempts(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        config = telegram_config(database_url, broker_url, bot.url)
+        async with run_notifier(config) as running, running.client(key) as api:
+            chat_a = await create_channel(api, 111, max_attempts=1)
+            chat_b = await create_channel(api, 222, max_attempts=1)
+            events = [await post_event(api, payload={"order": n}) for n in range(3)]
+            with trio.fail_after(30):
+                for ids in events:
+                    for delivery_id in ids.values():
+                        await wait_status(database_url, delivery_id, "DELIVERED")
+    assert {chat_a, chat_b} == set(events[0])
+    assert len(bot.calls) == 6  # every call was a delivery: the limiter spared Telegram's 429s
+    starts = {}
+    for chat in (111, 222):
+        times = sorted(c.at for c in bot.sent(chat))
+        assert len(times) == 3
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(gap >= 0.9 for gap in gaps), (chat, gaps)  # 1 s apart, less network jitter
+        starts[chat] = times[0]
+    # The chats are limited separately: the second chat did not wait for the first.
+    assert abs(starts[111] - starts[222]) < 0.9
+    all_ids = [uuid.UUID(d) for ids in events for d in ids.values()]
+    attempts = await sql(
+        database_url,
+        "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = ANY($1)",
+        all_ids,
+    )
+    delivered = [r for r in attempts if r["outcome"] == "delivered"]
+    limited = [r for r in attempts if r["outcome"] == "rate_limited"]
+    assert len(delivered) == 6
+    assert len(limited) >= 4  # at least the 2nd and 3rd message of each chat waited
+    assert {r["attempt"] for r in attempts} == {1}
+    rows = await sql(
+        database_url, "SELECT status, attempt FROM deliveries WHERE id = ANY($1)", all_ids
+    )
+    assert {(r["status"], r["attempt"]) for r in rows} == {("DELIVERED", 1)}
+
+
+async def test_chat_not_found_and_a_blocked_bot_are_dead_and_the_blocked_channel_is_disabled(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        bot.script(404404, CHAT_NOT_FOUND, times=None)
+        bot.script("@blocked_bot_chat", BOT_BLOCKED, times=None)
+        config = telegram_config(database_url, broker_url, bot.url)
+        async with run_notifier(config) as running, running.client(key) as api:
+            missing = await create_channel(api, 404404)
+            blocked = await create_channel(api, "@blocked_bot_chat")
+            ids = await post_event(api)
+            with trio.fail_after(30):
+                for delivery_id in ids.values():
+                    await wait_status(database_url, delivery_id, "DEAD")
+    assert len(bot.calls) == 2  # permanent: no second try
+    for channel_id, error in [
+        (missing, "HTTP 400: Bad Request: chat not found"),
+        (blocked, "HTTP 403: Forbidden: bot was blocked by the user"),
+    ]:
+        assert await outcomes(database_url, ids[channel_id]) == [(1, "dead")]
+        row = await delivery(database_url, ids[channel_id])
+        assert (row["attempt"], row["last_error"]) == (1, error)
+    channels = await sql(
+        database_url, "SELECT id, enabled, disabled_reason FROM channels WHERE id = ANY($1)",
+        [uuid.UUID(missing), uuid.UUID(blocked)],
+    )  # fmt: skip
+    state = {str(r["id"]): (r["enabled"], r["disabled_reason"]) for r in channels}
+    assert state[missing] == (True, None)
+    assert state[blocked] == (False, "HTTP 403: Forbidden: bot was blocked by the user")
+
+
+async def test_an_unreachable_bot_api_is_retried_then_dead_without_the_token_in_the_error(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        unreachable = bot.url  # the fake's port, closed again once the block ends
+    config = telegram_config(database_url, broker_url, unreachable, timeout_seconds=2)
+    async with run_notifier(config) as running, running.client(key) as api:
+        channel = await create_channel(api, 5, max_attempts=2)
+        ids = await post_event(api)
+        with trio.fail_after(30):
+            await wait_status(database_url, ids[channel], "DEAD")
+    assert await outcomes(database_url, ids[channel]) == [(1, "retry"), (2, "dead")]
+    row = await delivery(database_url, ids[channel])
+    assert row["last_error"].startswith("connection failed: ConnectError")
+
+
+async def test_a_channel_with_a_bad_chat_id_is_refused_naming_the_field(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with open_fake_bot_api(TOKEN) as bot:
+        config = telegram_config(database_url, broker_url, bot.url)
+        async with run_notifier(config) as running, running.client(key) as api:
+            for chat_id, field in [("@no", "config.chat_id"), (1.5, "config.chat_id")]:
+                resp = await api.post(
+                    "/v1/channels", json={"type": "telegram", "config": {"chat_id": chat_id}}
+                )
+                assert resp.status_code == 422, resp.text
+                assert resp.json()["error"]["message"].startswith(f"{field}: ")
+            resp = await api.post(
+                "/v1/channels",
+                json={"type": "telegram", "config": {"chat_id": 1, "text_template": "{% if %}"}},
+            )
+            assert resp.status_code == 422, resp.text
+            assert resp.json()["error"]["message"].startswith("config.text_template: ")
+            # One channel so the leak check has a row to look at.
+            await create_channel(api, 1)
+        assert bot.calls == []
