@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import sentry_sdk
+from sentry_sdk.integrations.httpx import HttpxIntegration
 from sentry_sdk.integrations.logging import LoggingIntegration
 
 from notifier.config import SentryConfig
@@ -49,6 +50,8 @@ def setup_sentry(config: SentryConfig, **options: Any) -> bool:
         },
         traces_sample_rate=0.0,
         integrations=[LoggingIntegration(level=logging.INFO, event_level=None)],
+        # httpx breadcrumbs would carry request URLs, and a Bot API URL holds the bot token.
+        disabled_integrations=[HttpxIntegration()],
         **options,
     )
     return True

@@ -22,6 +22,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import h11
@@ -39,6 +40,30 @@ from notifier.store.rows import (
     DeliveryState,
     OutboxRow,
 )
+
+# -- worker messages ----------------------------------------------------------------------------
+
+
+def worker_message(n: int = 1, **changes: Any) -> WorkerMessage:
+    """A ``WorkerMessage`` for tests: delivery ``UUID(int=n)``, fixed other ids and time, a
+    webhook channel; ``changes`` replace any field."""
+    fields: dict[str, Any] = {
+        "delivery_id": uuid.UUID(int=n),
+        "event_id": uuid.UUID(int=1000 + n),
+        "tenant_id": uuid.UUID(int=7),
+        "channel_id": uuid.UUID(int=8),
+        "channel_type": "webhook",
+        "channel_config": {"url": "https://example.com/hook"},
+        "event_type": "order.created",
+        "recipient": None,
+        "payload": {"n": n},
+        "created_at": datetime(2024, 1, 1, tzinfo=UTC),
+        "attempt": 1,
+        "max_attempts": 5,
+    }
+    fields.update(changes)
+    return WorkerMessage(**fields)
+
 
 # -- webhook sink -------------------------------------------------------------------------------
 

@@ -133,6 +133,33 @@ async def scalar(url: str, query: str, *args: Any) -> Any:
     return (await sql(url, query, *args))[0][0]
 
 
+async def delivery(url: str, delivery_id: str) -> dict[str, Any]:
+    """A delivery's ``status``, ``attempt`` and ``last_error``."""
+    (row,) = await sql(
+        url, "SELECT status, attempt, last_error FROM deliveries WHERE id = $1",
+        uuid.UUID(delivery_id),
+    )  # fmt: skip
+    return dict(row)
+
+
+async def outcomes(url: str, delivery_id: str) -> list[tuple[int, str]]:
+    """A delivery's attempt rows as ``(attempt, outcome)``, in order."""
+    rows = await sql(
+        url, "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id",
+        uuid.UUID(delivery_id),
+    )  # fmt: skip
+    return [(r["attempt"], r["outcome"]) for r in rows]
+
+
+async def wait_status(url: str, delivery_id: str, *statuses: str) -> None:
+    """Wait until the delivery has one of ``statuses`` (bound it with ``trio.fail_after``)."""
+
+    async def reached() -> bool:
+        return (await delivery(url, delivery_id))["status"] in statuses
+
+    await poll(reached)
+
+
 async def count_rows(url: str) -> dict[str, int]:
     tables = ["events", "deliveries", "delivery_attempts", "outbox", "channels"]
     rows = await sql(url, " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {t}" for t in tables))

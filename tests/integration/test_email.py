@@ -27,15 +27,15 @@ from notifier.bridge import open_bridge
 from notifier.config import EmailWorkersConfig
 from notifier.errors import DeliveryError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.testing import worker_message
 from notifier.testing_smtp import SmtpSink, open_smtp_server
 from tests.integration.conftest import (
     count_rows,
     create_tenant,
     make_config,
-    poll,
     run_notifier,
-    scalar,
     sql,
+    wait_status,
 )
 
 FROM = "notifier@mail.example.com"
@@ -43,22 +43,14 @@ USER, PASSWORD = "mailer", "pw-7f3a9c1e-never-logged"
 
 
 def message(config: dict[str, Any] | None = None, **changes: Any) -> WorkerMessage:
-    fields: dict[str, Any] = {
+    return worker_message(**{
         "delivery_id": uuid.uuid4(),
-        "event_id": uuid.uuid4(),
-        "tenant_id": uuid.uuid4(),
-        "channel_id": uuid.uuid4(),
         "channel_type": "email",
         "channel_config": config or {"to": "ops@example.com"},
-        "event_type": "order.created",
-        "recipient": None,
         "payload": {"order": 42, "customer": "Zoë"},
         "created_at": datetime.now(UTC),
-        "attempt": 1,
-        "max_attempts": 5,
-    }
-    fields.update(changes)
-    return WorkerMessage(**fields)
+        **changes,
+    })  # fmt: skip
 
 
 def settings(port: int, **changes: Any) -> EmailWorkersConfig:
@@ -333,15 +325,6 @@ async def email_service(
     key = await create_tenant(database_url)
     async with run_notifier(config) as running, running.client(key) as api:
         yield api
-
-
-async def wait_status(url: str, delivery_id: str, *statuses: str) -> None:
-    async def reached() -> bool:
-        status = await scalar(url, "SELECT status FROM deliveries WHERE id = $1",
-                              uuid.UUID(delivery_id))  # fmt: skip
-        return status in statuses
-
-    await poll(reached)
 
 
 async def test_an_event_posted_over_http_is_emailed(

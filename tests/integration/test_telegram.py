@@ -30,7 +30,15 @@ from notifier.testing import (
     BotApiReply,
     open_fake_bot_api,
 )
-from tests.integration.conftest import create_tenant, make_config, poll, run_notifier, sql
+from tests.integration.conftest import (
+    create_tenant,
+    delivery,
+    make_config,
+    outcomes,
+    run_notifier,
+    sql,
+    wait_status,
+)
 
 TOKEN = "987654321:AAF-integration_token_never_logged"
 SECRET_PART = TOKEN.split(":", 1)[1]
@@ -104,29 +112,6 @@ async def post_event(api: httpx.AsyncClient, **fields: Any) -> dict[str, str]:
     resp = await api.post("/v1/events", json=body)
     assert resp.status_code == 202, resp.text
     return {d["channel_id"]: d["id"] for d in resp.json()["deliveries"]}
-
-
-async def delivery(url: str, delivery_id: str) -> dict[str, Any]:
-    (row,) = await sql(
-        url, "SELECT status, attempt, last_error FROM deliveries WHERE id = $1",
-        uuid.UUID(delivery_id),
-    )  # fmt: skip
-    return dict(row)
-
-
-async def outcomes(url: str, delivery_id: str) -> list[tuple[int, str]]:
-    rows = await sql(
-        url, "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id",
-        uuid.UUID(delivery_id),
-    )  # fmt: skip
-    return [(r["attempt"], r["outcome"]) for r in rows]
-
-
-async def wait_status(url: str, delivery_id: str, *statuses: str) -> None:
-    async def reached() -> bool:
-        return (await delivery(url, delivery_id))["status"] in statuses
-
-    await poll(reached)
 
 
 async def test_an_event_is_sent_to_the_chat_with_the_rendered_text(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +25,15 @@ from notifier.testing import (
 )
 from tests.integration.conftest import create_tenant as create_tenant_key
 from tests.integration.conftest import (
+    delivery,
     make_config,
+    outcomes,
     poll,
     queue_depths,
     rabbitmqctl,
     run_notifier,
     scalar,
-    sql,
+    wait_status,
 )
 
 Responder = Callable[[Received], tuple[int, dict[str, str], bytes]]
@@ -67,29 +68,6 @@ async def post_event(api: httpx.AsyncClient, **fields: Any) -> list[str]:
     resp = await api.post("/v1/events", json=body)
     assert resp.status_code == 202, resp.text
     return [d["id"] for d in resp.json()["deliveries"]]
-
-
-async def delivery(url: str, delivery_id: str) -> dict[str, Any]:
-    (row,) = await sql(
-        url, "SELECT status, attempt, last_error FROM deliveries WHERE id = $1",
-        uuid.UUID(delivery_id),
-    )  # fmt: skip
-    return dict(row)
-
-
-async def outcomes(url: str, delivery_id: str) -> list[tuple[int, str]]:
-    rows = await sql(
-        url, "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id",
-        uuid.UUID(delivery_id),
-    )  # fmt: skip
-    return [(r["attempt"], r["outcome"]) for r in rows]
-
-
-async def wait_status(url: str, delivery_id: str, *statuses: str) -> None:
-    async def reached() -> bool:
-        return (await delivery(url, delivery_id))["status"] in statuses
-
-    await poll(reached)
 
 
 async def wait_depth(vhost: str, queue: str, depth: int) -> None:

@@ -48,6 +48,7 @@ from notifier.adapters.registry import build_adapters
 from notifier.config import EmailWorkersConfig, parse_config
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.testing import worker_message
 
 NOW = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 DELIVERY = uuid.UUID("0b7c8f4e-2f4b-4f8e-9a53-6a1c2d3e4f50")
@@ -56,22 +57,15 @@ PASSWORD = "s3cret-Passw0rd"
 
 
 def message(channel_config: dict[str, Any] | None = None, **changes: Any) -> WorkerMessage:
-    fields: dict[str, Any] = {
+    return worker_message(**{
         "delivery_id": DELIVERY,
         "event_id": uuid.UUID(int=2),
-        "tenant_id": uuid.UUID(int=3),
-        "channel_id": uuid.UUID(int=4),
         "channel_type": "email",
         "channel_config": channel_config or {"to": "ops@example.com"},
-        "event_type": "order.created",
-        "recipient": None,
         "payload": {"order": 42, "customer": "Zoë", "items": ["a", "b"]},
         "created_at": datetime(2024, 5, 6, 7, 0, 0, tzinfo=UTC),
-        "attempt": 1,
-        "max_attempts": 5,
-    }
-    fields.update(changes)
-    return WorkerMessage(**fields)
+        **changes,
+    })  # fmt: skip
 
 
 def adapter(**settings: Any) -> EmailAdapter:

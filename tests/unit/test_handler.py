@@ -26,6 +26,7 @@ from notifier.testing import (
     RecordingAdapter,
     RecordingReporter,
     Report,
+    worker_message,
 )
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.handle import (
@@ -40,11 +41,6 @@ TIERS = (1, 5, 15, 30)
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=TIERS)
 SECRET = "whsec_do-not-leak-me"
 RETRY_EXCHANGE = "deliveries.retry"
-
-
-@pytest.fixture
-def mock_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 class SettleLog:
@@ -63,22 +59,8 @@ class SettleLog:
 
 
 def message(n: int = 1, **changes: Any) -> WorkerMessage:
-    fields: dict[str, Any] = {
-        "delivery_id": uuid.UUID(int=n),
-        "event_id": uuid.UUID(int=1000 + n),
-        "tenant_id": uuid.UUID(int=7),
-        "channel_id": uuid.UUID(int=8),
-        "channel_type": "webhook",
-        "channel_config": {"url": "https://example.com/hook", "secret": SECRET},
-        "event_type": "order.created",
-        "recipient": None,
-        "payload": {"n": n},
-        "created_at": datetime(2024, 1, 1, tzinfo=UTC),
-        "attempt": 1,
-        "max_attempts": 5,
-    }
-    fields.update(changes)
-    return WorkerMessage(**fields)
+    config = {"url": "https://example.com/hook", "secret": SECRET}
+    return worker_message(n, **{"channel_config": config, **changes})
 
 
 def routed_broker() -> MemoryBroker:

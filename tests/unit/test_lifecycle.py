@@ -10,12 +10,6 @@ import trio.testing
 
 from notifier.lifecycle import Stop, supervise
 
-
-@pytest.fixture
-def mock_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 # -- Stop ---------------------------------------------------------------------------------------
 
 
@@ -196,7 +190,7 @@ async def test_stop_during_the_backoff_ends_supervision_without_another_run(
     stop = Stop()
     async with trio.open_nursery() as nursery:
         await nursery.start(supervise, "c", component, stop)
-        await trio.sleep(0.2)  # inside the first 0.5 s backoff
+        await trio.sleep(0.2)  # virtual time: inside the first 0.5 s backoff
         stop.set()
     assert trio.current_time() == 0.2
     assert component.runs == [0]  # no restart once stopped

@@ -19,11 +19,6 @@ from notifier.testing import MemoryBroker, MemoryOutbox
 POLL = 1.0
 
 
-@pytest.fixture
-def mock_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
-
-
 def delivery(n: int) -> uuid.UUID:
     return uuid.UUID(int=n)
 

@@ -3,10 +3,9 @@ them: a dead delivery reports one event carrying its ids, and no secret leaves t
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
+import httpx
 import pytest
 import sentry_sdk
 from sentry_sdk.envelope import Envelope
@@ -17,7 +16,7 @@ from notifier.config import SentryConfig
 from notifier.errors import PermanentError
 from notifier.messages import WorkerMessage, encode_message
 from notifier.observability import SentryReporter, setup_sentry
-from notifier.testing import MemoryBroker, MemoryDeliveries, RecordingAdapter
+from notifier.testing import MemoryBroker, MemoryDeliveries, RecordingAdapter, worker_message
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.handle import Handler
 
@@ -56,21 +55,17 @@ class Sink:
         self.settled.append(how)
 
 
-async def test_a_dead_delivery_is_one_event_with_its_ids_and_no_secrets(
-    transport: KeepingTransport,
-) -> None:
-    message = WorkerMessage(
-        delivery_id=uuid.uuid4(), event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
-        channel_id=uuid.uuid4(), channel_type="webhook",
+async def handle_failing(step: Exception) -> tuple[WorkerMessage, list[Settle]]:
+    """Handle one message (its config holds a secret, its payload a marker) with an adapter
+    raising ``step``, reporting through the real Sentry SDK; return it and its settlement."""
+    message = worker_message(
         channel_config={"url": "https://example.com/hook", "secret": SECRET},
-        event_type="order.created", recipient=None, payload={"note": PAYLOAD_MARKER},
-        created_at=datetime.now(UTC), attempt=1, max_attempts=5,
-    )  # fmt: skip
+        payload={"note": PAYLOAD_MARKER},
+    )
     store = MemoryDeliveries()
     store.add(message.delivery_id)
-    adapter = RecordingAdapter("webhook", PermanentError("HTTP 404: gone", status_code=404))
     handler = Handler(
-        store, adapter, MemoryBroker().publish, timeout_seconds=5,
+        store, RecordingAdapter("webhook", step), MemoryBroker().publish, timeout_seconds=5,
         policy=RetryPolicy(), reporter=SentryReporter(),
     )  # fmt: skip
     sink = Sink()
@@ -78,8 +73,15 @@ async def test_a_dead_delivery_is_one_event_with_its_ids_and_no_secrets(
         Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)
     )
     sentry_sdk.flush()
+    return message, sink.settled
 
-    assert sink.settled == [Settle.REJECT]
+
+async def test_a_dead_delivery_is_one_event_with_its_ids_and_no_secrets(
+    transport: KeepingTransport,
+) -> None:
+    message, settled = await handle_failing(PermanentError("HTTP 404: gone", status_code=404))
+
+    assert settled == [Settle.REJECT]
     (envelope,) = transport.envelopes
     event = envelope.get_event()
     assert event is not None
@@ -95,27 +97,9 @@ async def test_a_dead_delivery_is_one_event_with_its_ids_and_no_secrets(
 async def test_an_adapter_crash_reports_the_exception_without_local_variables(
     transport: KeepingTransport,
 ) -> None:
-    message = WorkerMessage(
-        delivery_id=uuid.uuid4(), event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
-        channel_id=uuid.uuid4(), channel_type="webhook",
-        channel_config={"url": "https://example.com/hook", "secret": SECRET},
-        event_type="order.created", recipient=None, payload={},
-        created_at=datetime.now(UTC), attempt=1, max_attempts=5,
-    )  # fmt: skip
-    store = MemoryDeliveries()
-    store.add(message.delivery_id)
-    adapter = RecordingAdapter("webhook", ZeroDivisionError("adapter bug"))
-    handler = Handler(
-        store, adapter, MemoryBroker().publish, timeout_seconds=5,
-        policy=RetryPolicy(), reporter=SentryReporter(),
-    )  # fmt: skip
-    sink = Sink()
-    await handler.handle(
-        Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)
-    )
-    sentry_sdk.flush()
+    _, settled = await handle_failing(ZeroDivisionError("adapter bug"))
 
-    assert sink.settled == [Settle.REJECT]
+    assert settled == [Settle.REJECT]
     (envelope,) = transport.envelopes  # one event: the log line is a breadcrumb, not another
     event = envelope.get_event()
     assert event is not None
@@ -125,4 +109,22 @@ async def test_an_adapter_crash_reports_the_exception_without_local_variables(
     frames = exc["stacktrace"]["frames"]
     assert frames
     assert not any(frame.get("vars") for frame in frames)
-    assert SECRET not in envelope.serialize().decode()
+    raw = envelope.serialize().decode()
+    assert SECRET not in raw
+    assert PAYLOAD_MARKER not in raw
+
+
+async def test_http_requests_leave_no_breadcrumb_with_their_url(
+    transport: KeepingTransport,
+) -> None:
+    # A Bot API URL holds the bot token; httpx's Sentry integration would record it.
+    secret_url = "http://bot-api.invalid/bot123456:SECRET-TOKEN/sendMessage"
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200))
+    ) as client:
+        await client.post(secret_url)
+    sentry_sdk.capture_message("after the request")
+    sentry_sdk.flush()
+
+    (envelope,) = transport.envelopes
+    assert "SECRET-TOKEN" not in envelope.serialize().decode()

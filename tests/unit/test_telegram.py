@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,28 +35,20 @@ from notifier.adapters.telegram import (
 from notifier.config import TelegramWorkersConfig, parse_config
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.testing import worker_message
 
 TOKEN = "123456789:AAH-unit_test_token_do_not_leak"
 BASE = "https://api.telegram.example"
 
 
 def message(n: int = 1, **changes: Any) -> WorkerMessage:
-    fields: dict[str, Any] = {
-        "delivery_id": uuid.UUID(int=n),
-        "event_id": uuid.UUID(int=1000 + n),
-        "tenant_id": uuid.UUID(int=7),
-        "channel_id": uuid.UUID(int=8),
+    return worker_message(n, **{
         "channel_type": "telegram",
         "channel_config": {"chat_id": 4242},
-        "event_type": "order.created",
-        "recipient": None,
         "payload": {"order": 42, "items": ["a", "b"]},
         "created_at": datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC),
-        "attempt": 1,
-        "max_attempts": 5,
-    }
-    fields.update(changes)
-    return WorkerMessage(**fields)
+        **changes,
+    })  # fmt: skip
 
 
 def to_chat(chat_id: int | str, n: int = 1) -> WorkerMessage:
@@ -67,11 +58,6 @@ def to_chat(chat_id: int | str, n: int = 1) -> WorkerMessage:
 @pytest.fixture
 def adapter() -> TelegramAdapter:
     return TelegramAdapter(TOKEN, api_base_url=BASE)
-
-
-@pytest.fixture
-def mock_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 # -- channel config -----------------------------------------------------------------------------

@@ -40,28 +40,20 @@ from notifier.adapters.webhook import (
 )
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.testing import worker_message
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NOW = 1_700_000_000
 
 
 def message(**changes: Any) -> WorkerMessage:
-    fields: dict[str, Any] = {
+    return worker_message(**{
         "delivery_id": uuid.UUID("0b7c8f4e-2f4b-4f8e-9a53-6a1c2d3e4f50"),
-        "event_id": uuid.UUID(int=2),
-        "tenant_id": uuid.UUID(int=3),
-        "channel_id": uuid.UUID(int=4),
-        "channel_type": "webhook",
         "channel_config": {"url": "https://example.com/hook", "secret": SECRET},
-        "event_type": "order.created",
-        "recipient": None,
         "payload": {"order": 42, "items": ["a", "b"]},
         "created_at": datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC),
-        "attempt": 1,
-        "max_attempts": 5,
-    }
-    fields.update(changes)
-    return WorkerMessage(**fields)
+        **changes,
+    })  # fmt: skip
 
 
 def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:

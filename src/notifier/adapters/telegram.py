@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
+from notifier.adapters.http import ClientPool, new_client
 from notifier.adapters.ratelimit import RateLimits
 from notifier.adapters.templates import compile_template, render
 from notifier.config import TelegramWorkersConfig
@@ -303,10 +304,7 @@ class TelegramAdapter:
         self.limits: RateLimits[int | str] = RateLimits(
             per_key_per_second=per_chat_per_second, total_per_second=per_bot_per_second
         )
-        # One client per concurrent delivery: a single shared httpx client degrades sharply
-        # with concurrency under trio (DESIGN §11).
-        self._idle: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
+        self._clients = ClientPool(lambda: new_client(self._timeout, self._transport))
 
     @classmethod
     def from_config(
@@ -366,24 +364,22 @@ class TelegramAdapter:
             raise PermanentError(str(exc)) from None
         url, body = build_request(self._api_base_url, self._token, chat_id, build_text(message))
         headers = {"content-type": "application/json", "user-agent": "notifier"}
-        client = self._idle.pop() if self._idle else self._new_client()
         failure: Exception | None = None
         status_code = 0
         retry_after: str | None = None
         data = b""
         try:
-            async with client.stream("POST", url, content=body, headers=headers) as resp:
-                status_code, retry_after = resp.status_code, resp.headers.get("retry-after")
-                async for chunk in resp.aiter_bytes():
-                    data += chunk
-                    if len(data) >= READ_LIMIT_BYTES:
-                        break
+            with self._clients.borrow() as client:
+                async with client.stream("POST", url, content=body, headers=headers) as resp:
+                    status_code, retry_after = resp.status_code, resp.headers.get("retry-after")
+                    async for chunk in resp.aiter_bytes():
+                        data += chunk
+                        if len(data) >= READ_LIMIT_BYTES:
+                            break
         except Exception as exc:
             # Raised below, outside this block, so nothing chains back to ``exc`` (whose text
             # and request hold the URL with the token).
             failure = transport_error(exc, self._token)
-        finally:
-            self._idle.append(client)
         if failure is not None:
             raise failure
         return classify(
@@ -391,19 +387,5 @@ class TelegramAdapter:
             secret=self._token,
         )  # fmt: skip
 
-    def _new_client(self) -> httpx.AsyncClient:
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self._timeout),
-            follow_redirects=False,
-            trust_env=False,  # environment proxies are never used
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-            transport=self._transport,
-        )
-        self._all.append(client)
-        return client
-
     async def aclose(self) -> None:
-        for client in self._all:
-            await client.aclose()
-        self._all.clear()
-        self._idle.clear()
+        await self._clients.aclose()

@@ -44,6 +44,7 @@ import msgspec
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
+from notifier.adapters.http import ClientPool, new_client
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 from notifier.validation import describe
@@ -670,10 +671,7 @@ class WebhookAdapter:
         self._backend = network_backend
         self._ssl_context = ssl_context
         self._clock = clock
-        # One client per concurrent delivery: a single shared httpx client degrades sharply
-        # with concurrency under trio (DESIGN §11).
-        self._idle: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
+        self._clients = ClientPool(self._new_client)
 
     # -- channel config (ingest) --
 
@@ -797,20 +795,18 @@ class WebhookAdapter:
         headers, body = build_request(
             message, signing_secrets(cfg, now), cfg.get("headers") or {}, int(now)
         )
-        client = self._idle.pop() if self._idle else self._new_client()
         try:
-            async with client.stream(
-                "POST", url, content=body, headers=headers, extensions={PIN_EXTENSION: pin}
-            ) as resp:
-                data = b""
-                async for chunk in resp.aiter_raw():  # the transport stops at the limit
-                    data += chunk
+            with self._clients.borrow() as client:
+                async with client.stream(
+                    "POST", url, content=body, headers=headers, extensions={PIN_EXTENSION: pin}
+                ) as resp:
+                    data = b""
+                    async for chunk in resp.aiter_raw():  # the transport stops at the limit
+                        data += chunk
         except httpx.TimeoutException as exc:
             raise RetriableError(f"timed out: {type(exc).__name__}") from exc
         except (httpx.TransportError, OSError) as exc:
             raise RetriableError(f"connection failed: {_describe(exc)}") from exc
-        finally:
-            self._idle.append(client)
         excerpt = data[:EXCERPT_BYTES].decode("utf-8", "ignore")  # never over EXCERPT_BYTES
         return classify(
             resp.status_code, resp.headers.get("retry-after"), excerpt, self._clock(),
@@ -818,24 +814,14 @@ class WebhookAdapter:
         )  # fmt: skip
 
     def _new_client(self) -> httpx.AsyncClient:
-        client = httpx.AsyncClient(
-            transport=PinnedTransport(
-                network_backend=self._backend,
-                ssl_context=self._ssl_context,
-                max_body_bytes=READ_LIMIT_BYTES,
-            ),
-            timeout=httpx.Timeout(self._timeout),
-            follow_redirects=False,
-            trust_env=False,  # environment proxies are never used
-        )
-        self._all.append(client)
-        return client
+        transport = PinnedTransport(
+            network_backend=self._backend, ssl_context=self._ssl_context,
+            max_body_bytes=READ_LIMIT_BYTES,
+        )  # fmt: skip
+        return new_client(self._timeout, transport)
 
     async def aclose(self) -> None:
-        for client in self._all:
-            await client.aclose()
-        self._all.clear()
-        self._idle.clear()
+        await self._clients.aclose()
 
 
 def _default_port(url: httpx.URL) -> int:
