@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import standardwebhooks
 import trio
 
 from notifier import service
@@ -23,6 +24,7 @@ from notifier.config import Config, parse_config
 from notifier.ingest.app import hash_api_key
 from notifier.lifecycle import Stop
 from notifier.store.pg import SCHEMA_PATH
+from notifier.testing import Received
 
 PG_ADMIN = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_BASE = PG_ADMIN.rsplit("/", 1)[0]
@@ -177,6 +179,20 @@ async def create_tenant(url: str, name: str | None = None) -> str:
         hash_api_key(key),
     )
     return key
+
+
+def verify(received: Received, secret: str) -> Any:
+    """Check a received webhook with the ``standardwebhooks`` package (raises
+    ``WebhookVerificationError`` when it does not verify); return the parsed envelope."""
+    return standardwebhooks.Webhook(secret).verify(received.body, received.headers)
+
+
+def verify_all(received: list[Received], secret: str) -> None:
+    """Every webhook a receiver got is signed with ``secret``, as a receiver would check it."""
+    assert received, "nothing to verify"
+    for got in received:
+        envelope = verify(got, secret)
+        assert set(envelope) == {"type", "timestamp", "data"}, envelope
 
 
 @dataclass

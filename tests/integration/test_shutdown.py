@@ -12,7 +12,7 @@ import httpx
 import trio
 
 from notifier.testing import open_sink
-from tests.integration.conftest import create_tenant, poll, scalar, sql
+from tests.integration.conftest import create_tenant, poll, scalar, sql, verify_all
 
 EVENTS = 40
 
@@ -97,6 +97,7 @@ async def test_sigterm_with_deliveries_in_flight_loses_nothing(
                     "/v1/channels", json={"type": "webhook", "config": {"url": sink.url}}
                 )
                 assert ch.status_code == 201, ch.text
+                secret = ch.json()["config"]["secret"]
                 for i in range(EVENTS):
                     resp = await api.post("/v1/events", json={"type": "t.x", "payload": {"i": i}})
                     assert resp.status_code == 202, resp.text
@@ -136,4 +137,5 @@ async def test_sigterm_with_deliveries_in_flight_loses_nothing(
     received = [r.headers["webhook-id"] for r in sink.received]
     assert set(received) == ids  # every accepted event reached the receiver
     assert len(received) == len(set(received)), "a graceful shutdown causes no duplicates"
+    verify_all(sink.received, secret)
     assert (await sql(database_url, "SELECT count(*) FROM outbox"))[0][0] == 0

@@ -31,7 +31,15 @@ from notifier.config import Config
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 from notifier.testing import Received, open_sink
-from tests.integration.conftest import create_tenant, make_config, poll, run_notifier, scalar
+from tests.integration.conftest import (
+    create_tenant,
+    make_config,
+    poll,
+    run_notifier,
+    scalar,
+    verify,
+    verify_all,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -89,11 +97,6 @@ class RecordingBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self.inner.sleep(seconds)
-
-
-def verify(received: Received, secret: str) -> Any:
-    """Check a received webhook with the standardwebhooks package; return the payload."""
-    return standardwebhooks.Webhook(secret).verify(received.body, received.headers)
 
 
 def signatures(received: Received) -> list[str]:
@@ -471,6 +474,7 @@ async def test_the_system_resolver_is_checked_too() -> None:
             await lenient.aclose()
     assert backend.dialed == [("127.0.0.1", sink.port)]  # the resolved address, not the name
     assert len(sink.received) == 1
+    verify_all(sink.received, SECRET)
 
 
 async def test_a_name_that_does_not_resolve_is_retriable_and_nothing_is_dialed() -> None:
@@ -533,6 +537,7 @@ async def test_the_answer_is_read_up_to_64_kib_and_excerpted_to_2_kib() -> None:
         finally:
             await adapter.aclose()
     assert len(sink.received) == 3  # the client stays usable after a cut-off answer
+    verify_all(sink.received, SECRET)
     for receipt in receipts:
         assert receipt is not None
         assert receipt.response_excerpt is not None
@@ -586,6 +591,7 @@ async def test_environment_proxies_are_ignored(monkeypatch: pytest.MonkeyPatch) 
             await adapter.aclose()
     assert proxy.received == []
     assert len(sink.received) == 1
+    verify_all(sink.received, SECRET)
 
 
 # -- TLS: the checked address is dialed, the certificate is checked for the hostname ------------

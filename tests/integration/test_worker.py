@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trio
 
+from notifier.adapters.webhook import generate_secret
 from notifier.config import Config
 from notifier.errors import PermanentError
 from notifier.messages import decode_message
@@ -33,8 +34,12 @@ from tests.integration.conftest import (
     rabbitmqctl,
     run_notifier,
     scalar,
+    verify_all,
     wait_status,
 )
+
+# Every channel signs with this secret, and every webhook a test receives is checked with it.
+SECRET = generate_secret()
 
 Responder = Callable[[Received], tuple[int, dict[str, str], bytes]]
 
@@ -56,7 +61,8 @@ def fast_retries(database_url: str, broker_url: str, **overrides: Any) -> Config
 
 
 async def create_channel(api: httpx.AsyncClient, url: str, **fields: Any) -> str:
-    body = {"type": "webhook", "config": {"url": url}, "event_types": ["*"], **fields}
+    config = {"url": url, "secret": SECRET}
+    body = {"type": "webhook", "config": config, "event_types": ["*"], **fields}
     resp = await api.post("/v1/channels", json=body)
     assert resp.status_code == 201, resp.text
     return str(resp.json()["id"])
@@ -131,6 +137,7 @@ async def test_a_receiver_failing_twice_is_delivered_on_the_third_attempt_after_
     assert 1.0 <= second.at - first.at < 3.0
     assert 2.0 <= third.at - second.at < 4.0
     assert {r.headers["webhook-id"] for r in sink.received} == {delivery_id}
+    verify_all(sink.received, SECRET)
 
 
 async def test_an_always_failing_receiver_ends_dead_with_the_message_in_the_dlq(
@@ -154,6 +161,7 @@ async def test_an_always_failing_receiver_ends_dead_with_the_message_in_the_dlq(
             await wait_status(database_url, delivery_id, "DEAD")
             await wait_depth(vhost, "deliveries.webhook.dead", 1)
         assert len(sink.received) == 3
+        verify_all(sink.received, SECRET)
     assert await outcomes(database_url, delivery_id) == [(1, "retry"), (2, "retry"), (3, "dead")]
     row = await delivery(database_url, delivery_id)
     assert (row["attempt"], row["last_error"]) == (3, "HTTP 503: answer")
@@ -202,6 +210,7 @@ async def test_a_one_second_retry_is_not_held_behind_a_thirty_minute_one(
         assert (await delivery(database_url, slow_id))["status"] == "RETRYING"
         depths = await trio.to_thread.run_sync(queue_depths, vhost)
         assert depths["deliveries.webhook.retry.1800s"] == 1
+        verify_all(slow.received + quick.received, SECRET)
 
 
 async def test_an_undecodable_message_is_dead_lettered_and_the_next_one_delivered(
@@ -227,6 +236,7 @@ async def test_an_undecodable_message_is_dead_lettered_and_the_next_one_delivere
             await wait_status(database_url, delivery_id, "DELIVERED")
             await wait_depth(vhost, "deliveries.webhook.dead", 2)
         assert [r.headers["webhook-id"] for r in sink.received] == [delivery_id]
+        verify_all(sink.received, SECRET)
     assert sorted(r.tags["message_id"] for r in reporter.reports) == ["poison-1", "poison-2"]
 
 
@@ -295,6 +305,7 @@ async def test_closing_every_broker_connection_mid_stream_loses_nothing(
         with trio.fail_after(60):
             await poll(all_delivered, interval_seconds=0.2)
         assert {r.headers["webhook-id"] for r in sink.received} == set(ids)
+        verify_all(sink.received, SECRET)
         # the same process goes on delivering
         (after,) = await post_event(api)
         with trio.fail_after(20):

@@ -262,7 +262,7 @@ def test_validate_url_allows_public_destinations(url: str) -> None:
         "http://127.0.0.1:9000/hook",
         "http://10.0.0.5/hook",
         "http://192.168.1.1/hook",
-        "http://169.254.169.254/",
+        "http://169.254.169.1/",
         "http://[::1]/hook",
         "http://[::ffff:127.0.0.1]/hook",
         "http://localhost:8080/hook",
@@ -270,6 +270,31 @@ def test_validate_url_allows_public_destinations(url: str) -> None:
 )
 def test_validate_url_allows_private_destinations_when_configured(url: str) -> None:
     validate_url(url, allow_private_networks=True)
+
+
+@pytest.mark.parametrize(
+    ("ip", "reason"),
+    [
+        ("169.254.169.254", "cloud metadata"),
+        ("169.254.170.2", "container metadata"),
+        ("100.100.100.200", "cloud metadata"),
+        ("fd00:ec2::254", "cloud metadata"),
+        ("::ffff:169.254.169.254", "cloud metadata"),
+        ("64:ff9b::a9fe:a9fe", "NAT64 of 169.254.169.254, cloud metadata"),
+        ("2002:a9fe:a9fe::1", "6to4 of 169.254.169.254, cloud metadata"),
+    ],
+)
+def test_metadata_endpoints_stay_closed_with_private_networks_allowed(ip: str, reason: str) -> None:
+    assert check_address(ip, True, ()) == reason
+    literal = f"[{ip}]" if ":" in ip else ip
+    with pytest.raises(InvalidChannelConfig, match=re.escape(reason)):
+        validate_url(f"http://{literal}/latest/meta-data", allow_private_networks=True)
+    # only an allowed_cidrs entry holding the address opens it: the operator named it
+    destination = ipaddress.ip_address(ip)
+    if isinstance(destination, ipaddress.IPv6Address) and destination.ipv4_mapped:
+        destination = destination.ipv4_mapped  # what is dialed, and what the entry must hold
+    assert check_address(ip, True, (ipaddress.ip_network(destination),)) is None
+    assert check_address(ip, True, ("10.0.0.0/8",)) == reason
 
 
 @pytest.mark.parametrize(
@@ -725,7 +750,9 @@ def test_check_address_blocks(ip: str, reason: str) -> None:
     got = check_address(ip, False, ())
     assert got is not None
     assert reason in got
-    assert check_address(ip, True, ()) is None or reason == "not an IP address"
+    # allow_private_networks opens all of them but the metadata endpoints and non-addresses
+    kept = "metadata" in reason or reason == "not an IP address"
+    assert check_address(ip, True, ()) == (got if kept else None)
 
 
 @pytest.mark.parametrize(

@@ -151,9 +151,11 @@ def _nets(*pairs: tuple[str, str]) -> tuple[tuple[IPNetwork, str], ...]:
 _BLOCKED_V4 = _nets(
     ("0.0.0.0/8", "unspecified ('this network')"),
     ("10.0.0.0/8", "private"),
+    ("100.100.100.200/32", "cloud metadata"),
     ("100.64.0.0/10", "carrier-grade NAT"),
     ("127.0.0.0/8", "loopback"),
     ("169.254.169.254/32", "cloud metadata"),
+    ("169.254.170.2/32", "container metadata"),
     ("169.254.0.0/16", "link-local"),
     ("172.16.0.0/12", "private"),
     ("192.0.0.0/24", "IETF protocol assignment"),
@@ -184,6 +186,14 @@ _BLOCKED_V6 = _nets(
     ("fec0::/10", "site-local (deprecated)"),
     ("ff00::/8", "multicast"),
 )
+# Cloud metadata endpoints hand out credentials: refused even with allow_private_networks (only
+# an allowed_cidrs entry that contains one opens it). The same addresses head the tables above.
+_METADATA = _nets(
+    ("169.254.169.254/32", "cloud metadata"),
+    ("169.254.170.2/32", "container metadata"),
+    ("100.100.100.200/32", "cloud metadata"),
+    ("fd00:ec2::254/128", "cloud metadata"),
+)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")
 _GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
@@ -203,17 +213,34 @@ def _blocked_v4(addr: ipaddress.IPv4Address) -> str | None:
     return reason
 
 
+def _embedded_v4(addr: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
+    """The IPv4 address a NAT64 or 6to4 address leads to, with the form's name."""
+    if addr in _NAT64:
+        return "NAT64", ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr in _SIX_TO_FOUR and addr.sixtofour is not None:
+        return "6to4", addr.sixtofour
+    return None
+
+
+def _metadata(addr: IPAddress) -> str | None:
+    """Why ``addr`` is a cloud metadata endpoint (also inside a NAT64 or 6to4 address)."""
+    if isinstance(addr, ipaddress.IPv6Address) and (embedded := _embedded_v4(addr)):
+        form, v4 = embedded
+        inner = _first_match(v4, _METADATA)
+        return f"{form} of {v4}, {inner}" if inner else None
+    return _first_match(addr, _METADATA)
+
+
 def check_address(
     ip: str | IPAddress,
     allow_private: bool = False,
     allowed_cidrs: Iterable[str | IPNetwork] = (),
 ) -> str | None:
     """Why a webhook may not be sent to ``ip`` (``"loopback"``, ``"private"``, ...), or None
-    when it may. ``allow_private`` opens every address; an address inside one of
-    ``allowed_cidrs`` is allowed. An IPv4-mapped IPv6 address is judged as its IPv4 address;
-    NAT64 and 6to4 addresses by the IPv4 address they embed as well. Not an address: blocked."""
-    if allow_private:
-        return None
+    when it may. An address inside one of ``allowed_cidrs`` is allowed; ``allow_private``
+    opens every other address except the cloud metadata endpoints. An IPv4-mapped IPv6
+    address is judged as its IPv4 address; NAT64 and 6to4 addresses by the IPv4 address they
+    embed as well. Not an address: blocked."""
     try:
         addr = ip if not isinstance(ip, str) else ipaddress.ip_address(ip)
     except ValueError:
@@ -224,16 +251,16 @@ def check_address(
         net = ipaddress.ip_network(cidr) if isinstance(cidr, str) else cidr
         if addr.version == net.version and addr in net:
             return None
+    if allow_private:
+        return _metadata(addr)
     if isinstance(addr, ipaddress.IPv4Address):
         return _blocked_v4(addr)
-    if addr in _NAT64:
-        embedded = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
-        inner = _blocked_v4(embedded)
-        return f"NAT64 of {embedded}, {inner}" if inner else None
-    if addr in _SIX_TO_FOUR and addr.sixtofour is not None:
-        inner = _blocked_v4(addr.sixtofour)
-        if inner:
-            return f"6to4 of {addr.sixtofour}, {inner}"
+    if embedded := _embedded_v4(addr):
+        form, v4 = embedded
+        if inner := _blocked_v4(v4):
+            return f"{form} of {v4}, {inner}"
+        if form == "NAT64":
+            return None  # a public IPv4 address behind a NAT64 gateway
     reason = _first_match(addr, _BLOCKED_V6)
     if reason is None and addr not in _GLOBAL_UNICAST_V6:
         reason = "reserved"

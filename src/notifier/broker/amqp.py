@@ -27,6 +27,30 @@ log = logging.getLogger("notifier.broker")
 _BROKER_ERRORS = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, ConnectionError)
 
 
+class _NoFrameBodies(logging.Filter):
+    """aiormq logs every outgoing frame at DEBUG with its raw bytes, message bodies included,
+    and a delivery message carries its channel's config (webhook secrets, user-set headers).
+    This filter, on aiormq's connection logger, replaces such an argument with its size."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(map(_payload, record.args)):
+            record.args = tuple(map(_without_payload, record.args))
+        return True
+
+
+def _payload(arg: object) -> bytes | bytearray | memoryview | None:
+    payload = getattr(arg, "payload", None)
+    return payload if isinstance(payload, (bytes, bytearray, memoryview)) else None
+
+
+def _without_payload(arg: object) -> object:
+    payload = _payload(arg)
+    return arg if payload is None else f"<{type(arg).__name__}: {len(payload)} bytes>"
+
+
+logging.getLogger("aiormq.connection").addFilter(_NoFrameBodies())
+
+
 def _with_heartbeat(url: str, heartbeat_seconds: int) -> str:
     if "heartbeat=" in url:
         return url
