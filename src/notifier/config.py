@@ -60,6 +60,9 @@ class IngestConfig(_Section, frozen=True):
     bind: str = "127.0.0.1:8080"
     max_body_bytes: Positive = 1_048_576
     max_batch_events: Positive = 100
+    # Per API key, events per second over a token bucket of `rate_limit_burst`; 0 = no limit.
+    rate_limit_per_second: NonNegativeFloat = 0.0
+    rate_limit_burst: Positive = 200
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
@@ -153,6 +156,38 @@ class WorkersConfig(_Section, frozen=True):
         return {name: cfg for name in self.__struct_fields__ if (cfg := getattr(self, name))}
 
 
+# -- operations (each section is filled in by the feature that uses it) ---------------------------
+
+
+class LoggingConfig(_Section, frozen=True):
+    format: Literal["json", "console"] = "json"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class ChannelHealthConfig(_Section, frozen=True):
+    # A channel whose deliveries have failed, without one success, for this long is disabled
+    # automatically; 0 turns automatic disabling off (410 and 403 answers still disable).
+    disable_after_failing_seconds: NonNegativeFloat = 5 * 86_400.0
+
+
+class MaintenanceConfig(_Section, frozen=True):
+    interval_seconds: PositiveFloat = 30.0
+    # A PENDING/RETRYING delivery this long past its due time, with no outbox row, is enqueued
+    # again (the broker lost its message).
+    stuck_after_seconds: PositiveFloat = 600.0
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 500
+    # Events (with their deliveries and attempts) older than this are deleted; 0 keeps them all.
+    retention_days: Annotated[int, msgspec.Meta(ge=0)] = 30
+
+
+class AmqpIngestConfig(_Section, frozen=True):
+    enabled: bool = False
+    queue: str = "events.ingest"
+    prefetch: Positive = 200
+    # Who sent a message (its AMQP app_id) → the name of the tenant its events belong to.
+    tenants: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class SentryConfig(_Section, frozen=True):
     dsn: str = ""
     environment: str = ""
@@ -166,6 +201,10 @@ class Config(_Section, frozen=True):
     relay: RelayConfig = msgspec.field(default_factory=RelayConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     workers: WorkersConfig = msgspec.field(default_factory=WorkersConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    channel_health: ChannelHealthConfig = msgspec.field(default_factory=ChannelHealthConfig)
+    maintenance: MaintenanceConfig = msgspec.field(default_factory=MaintenanceConfig)
+    amqp_ingest: AmqpIngestConfig = msgspec.field(default_factory=AmqpIngestConfig)
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
 
 

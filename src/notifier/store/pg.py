@@ -39,25 +39,33 @@ from notifier.store.rows import (
 log = logging.getLogger("notifier.store")
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
-QUERIES_PATH = Path(__file__).with_name("queries.sql")
+QUERIES_DIR = Path(__file__).parent  # queries.sql, and queries_<area>.sql for each area
 DOORBELL_CHANNEL = "notifier_outbox"
 _MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
 
 
-def load_queries(path: Path = QUERIES_PATH) -> dict[str, str]:
-    """Split a ``-- name: X`` annotated SQL file into named queries."""
+def load_queries(directory: Path = QUERIES_DIR) -> dict[str, str]:
+    """The named queries of every ``queries*.sql`` file in ``directory`` (``-- name: X``
+    starts query X); a name defined twice is an error."""
     queries: dict[str, str] = {}
-    name: str | None = None
-    lines: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("-- name:"):
-            if name:
-                queries[name] = "\n".join(lines).strip()
-            name, lines = line.removeprefix("-- name:").strip(), []
-        elif name is not None:
-            lines.append(line)
-    if name:
+
+    def add(name: str | None, lines: list[str], path: Path) -> None:
+        if name is None:
+            return
+        if name in queries:
+            raise ValueError(f"{path.name}: query {name!r} is defined twice")
         queries[name] = "\n".join(lines).strip()
+
+    for path in sorted(directory.glob("queries*.sql")):
+        name: str | None = None
+        lines: list[str] = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("-- name:"):
+                add(name, lines, path)
+                name, lines = line.removeprefix("-- name:").strip(), []
+            elif name is not None:
+                lines.append(line)
+        add(name, lines, path)
     return queries
 
 
