@@ -16,7 +16,8 @@ from notifier import service
 from notifier.config import Config, load_config
 from notifier.errors import ConfigError, NotifierError, StoreError
 from notifier.ingest.app import hash_api_key
-from notifier.observability import setup_logging, setup_sentry
+from notifier.logs import setup_fallback_logging, setup_logging
+from notifier.observability import setup_sentry
 from notifier.store import open_store
 
 log = logging.getLogger("notifier")
@@ -86,9 +87,10 @@ def _describe(exc: BaseException, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # exits 2 on bad usage
-    setup_logging()
+    setup_fallback_logging()  # until the config says how
     try:
         config = load_config(args.config)
+        setup_logging(config.logging)
         if args.command == "run":
             roles = _roles(args.role)
             setup_sentry(config.sentry)

@@ -23,7 +23,7 @@ from notifier.bridge import aio, open_bridge
 from notifier.config import Config, load_config
 from notifier.ingest.app import hash_api_key
 from notifier.lifecycle import Stop
-from notifier.observability import setup_logging
+from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.store import open_store
 from notifier.testing import WebhookSink, open_sink
 
@@ -114,8 +114,9 @@ def main() -> int:
     parser.add_argument("--config", metavar="FILE")
     parser.add_argument("--exit", action="store_true", help="stop once the demo event arrived")
     args = parser.parse_args()
-    setup_logging()
+    setup_fallback_logging()
     config = load_config(args.config)
+    setup_logging(config.logging)
     try:
         trio.run(demo, config, args.exit)
     except KeyboardInterrupt:

@@ -1,10 +1,8 @@
-"""Logging and Sentry set-up."""
+"""Sentry set-up and error reporting (logging is set up in ``notifier.logs``)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -13,17 +11,6 @@ from sentry_sdk.integrations.httpx import HttpxIntegration
 from sentry_sdk.integrations.logging import LoggingIntegration
 
 from notifier.config import SentryConfig
-
-
-def setup_logging() -> None:
-    level = os.environ.get("NOTIFIER_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpcore", "aiormq", "hypercorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def setup_sentry(config: SentryConfig, **options: Any) -> bool:

@@ -8,6 +8,8 @@ password and the Telegram bot token.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import traceback
 import uuid
@@ -19,6 +21,7 @@ import pytest
 import trio
 
 from notifier.adapters.webhook import generate_secret
+from notifier.logs import make_handler
 from notifier.testing import (
     BOT_BLOCKED,
     BotApiReply,
@@ -70,6 +73,15 @@ def record_texts(records: list[logging.LogRecord]) -> Iterator[str]:
         if record.exc_info and record.exc_info[1] is not None:
             yield "".join(traceback.format_exception(record.exc_info[1]))
         yield repr(vars(record))
+
+
+def json_lines(records: list[logging.LogRecord]) -> list[dict[str, Any]]:
+    """The records as the service's JSON log handler writes them, parsed back."""
+    out = io.StringIO()
+    handler = make_handler("json", out)
+    for record in records:
+        handler.handle(record)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
 @pytest.fixture
@@ -180,6 +192,14 @@ async def test_no_secret_is_logged_stored_or_reported_over_a_full_run(
     assert found == [], [(name, text[:2000]) for name, text in found[:3]]
     # aiormq logged the frames it sent, with the bodies (which hold channel configs) cut out
     assert any("<ChannelFrame: " in r.getMessage() for r in records if r.name.startswith("aiormq"))
+    # What the service writes: the same records through its log handler, as JSON lines (after
+    # the checks above, since the handler scrubs records in place).
+    lines = json_lines(records)
+    assert leaks((json.dumps(line) for line in lines), secrets) == []
+    assert leaks((str(v) for line in lines for v in line.values()), secrets) == []
+    outcomes = [line for line in lines if line["logger"] == "notifier.worker" and "outcome" in line]
+    assert {"delivered", "retry", "dead"} <= {line["outcome"] for line in outcomes}
+    assert all(isinstance(line["attempt"], int) and line["delivery_id"] for line in outcomes)
 
     stored = await sql(
         database_url,

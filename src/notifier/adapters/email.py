@@ -31,6 +31,7 @@ from notifier.adapters.templates import compile_template, render
 from notifier.bridge import aio
 from notifier.config import EmailWorkersConfig
 from notifier.errors import ConfigError, DeliveryError, PermanentError, RetriableError
+from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
 from notifier.validation import describe
 
@@ -248,6 +249,8 @@ class EmailAdapter:
         _check_from(settings.from_address)
         self._settings = settings
         self._password = password or None
+        if self._password:
+            register_secret(self._password)  # scrubbed from every log line from now on
         self._tls_context = tls_context
 
     @classmethod

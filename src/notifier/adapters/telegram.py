@@ -12,7 +12,9 @@ is kept out of everything notifier writes down:
 - an httpx exception is never chained to the error raised in its place (its message and its
   request hold the URL);
 - a logging filter on the ``httpx`` and ``httpcore`` loggers (httpx logs every request URL at
-  INFO) replaces the token in their records, whatever level they are configured at.
+  INFO) replaces the token in their records, whatever level they are configured at;
+- the token is registered with ``notifier.logs.register_secret``, so the log handler scrubs it
+  from every record of every logger.
 
 Long texts are truncated, not refused: Telegram takes at most 4096 characters (counted in
 UTF-16 code units, as it counts them), and a notification cut short with a trailing "…" is more
@@ -37,6 +39,7 @@ from notifier.adapters.ratelimit import RateLimits
 from notifier.adapters.templates import compile_template, render
 from notifier.config import TelegramWorkersConfig
 from notifier.errors import ConfigError, PermanentError, RetriableError
+from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
 from notifier.validation import describe
 
@@ -296,6 +299,7 @@ class TelegramAdapter:
         if not token:
             raise ValueError("the bot token is empty")
         protect_in_http_logs(token)
+        register_secret(token)  # scrubbed from every log line from now on
         self._token = token
         self._api_base_url = api_base_url.rstrip("/")
         self._timeout = timeout_seconds
