@@ -186,6 +186,39 @@ class AmqpIngestConfig(_Section, frozen=True):
     prefetch: Positive = 200
     # Who sent a message (its AMQP app_id) → the name of the tenant its events belong to.
     tenants: dict[str, str] = msgspec.field(default_factory=dict)
+    # Where undecodable or invalid messages go (queue and exchange); "" means "<queue>.dead".
+    dead_letter_queue: str = ""
+    # A batch is what has arrived within this long of its first message (or `prefetch`).
+    batch_linger_seconds: NonNegativeFloat = 0.05
+    # Postgres unreachable: a batch is held this long, then handed back to the queue.
+    store_retry_seconds: PositiveFloat = 5.0
+
+    @property
+    def dead_letter_queue_name(self) -> str:
+        return self.dead_letter_queue or f"{self.queue}.dead"
+
+    def __post_init__(self) -> None:
+        for key, name in (("queue", self.queue), ("dead_letter_queue", self.dead_letter_queue)):
+            if key == "queue" or name:
+                _check_queue_name(key, name)
+        if self.dead_letter_queue_name == self.queue:
+            raise ValueError("dead_letter_queue must differ from queue")
+        if self.prefetch > 65_535:
+            raise ValueError("prefetch must be at most 65535")
+        for app_id, tenant in self.tenants.items():
+            if not 1 <= len(app_id.encode()) <= 255:
+                raise ValueError(f"tenants: app_id {app_id!r} must be 1 to 255 bytes")
+            if not tenant:
+                raise ValueError(f"tenants.{app_id}: tenant name must not be empty")
+        if self.enabled and not self.tenants:
+            raise ValueError("tenants must map at least one app_id when enabled")
+
+
+def _check_queue_name(key: str, name: str) -> None:
+    if not 1 <= len(name.encode()) <= 255:
+        raise ValueError(f"{key} must be 1 to 255 bytes")
+    if name.startswith("amq."):
+        raise ValueError(f"{key}: names starting with 'amq.' are reserved by RabbitMQ")
 
 
 class SentryConfig(_Section, frozen=True):

@@ -6,15 +6,19 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 
 class Outgoing(NamedTuple):
     exchange: str
     routing_key: str
     body: bytes
-    message_id: str
+    message_id: str  # "" for none
+    # Message headers, and other AMQP properties by their AMQP names (``content_type``,
+    # ``app_id``, ``type`` ...) replacing the defaults; see ``Incoming.properties``.
+    headers: Mapping[str, Any] | None = None
+    properties: Mapping[str, Any] | None = None
 
 
 class Confirm(enum.Enum):
@@ -44,7 +48,10 @@ class Incoming:
     """One consumed message. ``settle`` only records the outcome; the consumer that delivered
     the message sends it, on its own channel, batched with others."""
 
-    __slots__ = ("_settle", "body", "delivery_tag", "message_id", "redelivered")
+    __slots__ = (
+        "_settle", "app_id", "body", "delivery_tag", "headers", "message_id", "properties",
+        "redelivered",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -53,12 +60,22 @@ class Incoming:
         delivery_tag: int,
         redelivered: bool,
         settle: SettleSink,
+        *,
+        app_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        properties: Mapping[str, Any] | None = None,
     ) -> None:
         self.body = body
         self.message_id = message_id
         self.delivery_tag = delivery_tag
         self.redelivered = redelivered
         self._settle = settle
+        self.app_id = app_id
+        self.headers: Mapping[str, Any] = headers or {}
+        # The other AMQP properties the publisher set, by their AMQP names (``content_type``,
+        # ``content_encoding``, ``correlation_id``, ``reply_to``, ``timestamp``, ``priority``,
+        # ``type``), as plain values.
+        self.properties: Mapping[str, Any] = properties or {}
 
     def settle(self, how: Settle) -> None:
         self._settle.settle(self.delivery_tag, how)

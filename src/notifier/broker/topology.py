@@ -81,3 +81,20 @@ def build_topology(
             queues.append(Queue(name, args, RETRY_EXCHANGE, name))
         queues.append(Queue(dead_queue(t), _kind(queue_type), DEAD_EXCHANGE, t))
     return Topology(queues=queues)
+
+
+def ingest_topology(queue: str, dead_letter_queue: str, queue_type: str) -> Topology:
+    """AMQP ingest (``[amqp_ingest]``): ``queue``, on the default exchange (publishers send
+    with routing key = the queue name), and ``dead_letter_queue``, bound with routing key
+    ``queue`` to a direct exchange of the same name."""
+    # The ingest queue itself only dead-letters when the broker gives up on a message (RabbitMQ
+    # 4 gives quorum queues a delivery limit by default); its copy then lands in the same DLQ
+    # instead of being dropped.
+    args = _kind(queue_type) | _dead_lettering(queue_type, dead_letter_queue, queue)
+    return Topology(
+        exchanges=(dead_letter_queue,),
+        queues=[
+            Queue(queue, args, "", queue),
+            Queue(dead_letter_queue, _kind(queue_type), dead_letter_queue, queue),
+        ],
+    )
