@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import pytest
 import trio
@@ -290,7 +291,7 @@ async def test_loop_polls_for_a_row_added_without_ringing(
         await nursery.start(run_loop, outbox, mq, stop)
         await trio.sleep(0.3)
         # committed, but its NOTIFY never came: only the poll finds it
-        outbox.rows[100] = OutboxRow(100, delivery(1), "webhook", b"")
+        outbox.rows[100] = OutboxRow(100, delivery(1), "webhook", b"", datetime.now(UTC))
         await mq.wait_published()
         assert trio.current_time() == POLL
         stop.set()

@@ -74,7 +74,8 @@ class AmqpConnection:
                     await ch.exchange_declare(exchange, exchange_type="direct", durable=True)
                 for q in topology.queues:
                     await ch.queue_declare(q.name, durable=True, arguments=q.arguments)
-                    await ch.queue_bind(q.name, q.exchange, routing_key=q.routing_key)
+                    if q.exchange:  # "" is the default exchange: every queue is bound to it
+                        await ch.queue_bind(q.name, q.exchange, routing_key=q.routing_key)
             finally:
                 if not ch.is_closed:
                     await ch.close()
@@ -152,6 +153,41 @@ async def _close_quietly(ch: aiormq.abc.AbstractChannel) -> None:
             log.debug("closing channel failed", exc_info=True)
 
 
+# AMQP basic properties passed through as plain values: AMQP name → pamqp attribute name.
+_PASSED_PROPERTIES = {
+    "content_type": "content_type",
+    "content_encoding": "content_encoding",
+    "correlation_id": "correlation_id",
+    "reply_to": "reply_to",
+    "timestamp": "timestamp",
+    "priority": "priority",
+    "type": "message_type",
+}
+
+
+def _plain_properties(props: Basic.Properties) -> dict[str, Any]:
+    """The passed-through properties a publisher set (``Incoming.properties``)."""
+    found = ((name, getattr(props, attr)) for name, attr in _PASSED_PROPERTIES.items())
+    return {name: value for name, value in found if value is not None}
+
+
+def _publish_properties(m: Outgoing) -> dict[str, Any]:
+    """pamqp ``Basic.Properties`` arguments: persistent JSON, plus what ``m`` sets."""
+    props: dict[str, Any] = {
+        "delivery_mode": 2,
+        "message_id": m.message_id or None,
+        "content_type": "application/json",
+    }
+    if m.headers:
+        props["headers"] = dict(m.headers)
+    for name, value in (m.properties or {}).items():
+        if name == "app_id":
+            props["app_id"] = value
+        elif name in _PASSED_PROPERTIES:
+            props[_PASSED_PROPERTIES[name]] = value
+    return props
+
+
 class AmqpPublisher:
     """Trio-flavoured publisher on one confirm-mode channel."""
 
@@ -182,11 +218,7 @@ class AmqpPublisher:
                     exchange=m.exchange,
                     routing_key=m.routing_key,
                     mandatory=True,
-                    properties=Basic.Properties(
-                        delivery_mode=2,
-                        message_id=m.message_id,
-                        content_type="application/json",
-                    ),
+                    properties=Basic.Properties(**_publish_properties(m)),
                 )
             except aiormq.exceptions.PublishError:
                 return Confirm.RETURNED
@@ -233,8 +265,9 @@ class Consumer:
                 return  # left unacked: the channel close returns it to the queue
             props = message.header.properties
             incoming = Incoming(
-                message.body, props.message_id, tag, bool(message.redelivered), self
-            )
+                message.body, props.message_id, tag, bool(message.redelivered), self,
+                app_id=props.app_id, headers=props.headers, properties=_plain_properties(props),
+            )  # fmt: skip
             self._pending[tag] = None
             self._send.send_nowait(incoming)  # never full: prefetch bounds unacked messages
         except Exception:
@@ -333,3 +366,40 @@ async def probe(url: str, *, timeout_seconds: float = 3.0) -> None:
             return
     if scope.cancelled_caught:
         raise BrokerError("RabbitMQ did not answer in time")
+
+
+async def queue_depths(
+    url: str, queues: Sequence[str], *, timeout_seconds: float = 3.0
+) -> dict[str, int]:
+    """Trio-flavoured. The number of ready messages in each of ``queues``, read with passive
+    declares on a short connection of its own (for the metrics endpoint). A queue that does not
+    exist (its topology was not declared yet) is left out. Raise ``BrokerError`` when RabbitMQ
+    is unreachable or has not answered within ``timeout_seconds``."""
+    with trio.move_on_after(timeout_seconds):
+        async with open_connection(url, name="metrics") as conn:
+            try:
+                return await aio(_queue_depths_aio, conn._conn, queues)
+            except _BROKER_ERRORS as exc:
+                raise BrokerError(f"reading queue depths failed: {exc!r}") from exc
+    raise BrokerError("RabbitMQ did not answer in time")
+
+
+async def _queue_depths_aio(
+    conn: aiormq.abc.AbstractConnection, queues: Sequence[str]
+) -> dict[str, int]:
+    """Asyncio-flavoured: passive-declare each queue, on one channel while they exist (a
+    missing queue closes the channel: the next one gets a new channel)."""
+    depths: dict[str, int] = {}
+    ch = await conn.channel()
+    try:
+        for name in queues:
+            try:
+                ok = await ch.queue_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                ch = await conn.channel()
+                continue
+            depths[name] = ok.message_count or 0
+    finally:
+        if not ch.is_closed:
+            await ch.close()
+    return depths

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
 from typing import Protocol
 
 import trio
@@ -19,6 +20,7 @@ from notifier.broker.base import Confirm, Outgoing, Publisher
 from notifier.broker.topology import EXCHANGE
 from notifier.errors import BrokerError, StoreUnavailable
 from notifier.lifecycle import Stop
+from notifier.metrics import Metrics
 from notifier.store.rows import OutboxRow
 
 log = logging.getLogger("notifier.relay")
@@ -44,7 +46,9 @@ class OutboxStore(Protocol):
     def open_doorbell(self) -> AbstractAsyncContextManager[Bell]: ...
 
 
-async def relay_once(store: OutboxStore, publisher: Publisher, batch_size: int) -> int:
+async def relay_once(
+    store: OutboxStore, publisher: Publisher, batch_size: int, metrics: Metrics | None = None
+) -> int:
     """Trio-flavoured. Relay one batch; return how many rows were claimed."""
     async with store.claim_outbox(batch_size) as claim:
         if not claim.rows:
@@ -60,7 +64,9 @@ async def relay_once(store: OutboxStore, publisher: Publisher, batch_size: int) 
         results = await publisher.publish_batch(
             [Outgoing(EXCHANGE, r.routing_key, r.body, str(r.delivery_id)) for r in batch]
         )
-        sent = [r.id for r, c in zip(batch, results, strict=True) if c is Confirm.CONFIRMED]
+        confirmed_at = datetime.now(UTC)
+        confirmed = [r for r, c in zip(batch, results, strict=True) if c is Confirm.CONFIRMED]
+        sent = [r.id for r in confirmed]
         refused = {
             r.id: f"broker {c.value} the message (routing key {r.routing_key!r})"
             for r, c in zip(batch, results, strict=True)
@@ -70,6 +76,10 @@ async def relay_once(store: OutboxStore, publisher: Publisher, batch_size: int) 
             log.warning("outbox row %d: %s; will retry", row_id, reason)
         await claim.finish(sent, refused)
         unconfirmed = len(batch) - len(sent) - len(refused)
+    if metrics is not None:  # the claim committed: the confirmed rows are gone from the outbox
+        metrics.observe_relay_batch(
+            len(claim.rows), [r.created_at for r in confirmed], confirmed_at
+        )
     if unconfirmed:
         publisher.check()  # a broken channel ends this relay run, so the supervisor reconnects
         raise BrokerError(f"{unconfirmed} publishes were not confirmed in time")
@@ -83,6 +93,7 @@ async def relay_loop(
     *,
     batch_size: int,
     poll_interval_seconds: float,
+    metrics: Metrics | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first."""
@@ -90,7 +101,7 @@ async def relay_loop(
         task_status.started()
         while not stop.is_set():
             bell.clear()
-            if await relay_once(store, publisher, batch_size) >= batch_size:
+            if await relay_once(store, publisher, batch_size, metrics) >= batch_size:
                 continue  # probably more waiting: no need to wait for the bell
             if not bell.connected:
                 raise StoreUnavailable("the outbox LISTEN connection was lost")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 
 import trio
+from prometheus_client import Gauge
 
 from notifier.adapters.base import Adapter
 from notifier.batching import Batcher
@@ -16,6 +18,7 @@ from notifier.broker.topology import build_topology, main_queue
 from notifier.config import Config, WorkerGroupConfig
 from notifier.errors import BrokerError
 from notifier.lifecycle import Stop
+from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
@@ -25,9 +28,13 @@ log = logging.getLogger("notifier.worker")
 
 
 async def worker_task(
-    receive: trio.MemoryReceiveChannel[Incoming], handler: Handler, stop: Stop
+    receive: trio.MemoryReceiveChannel[Incoming],
+    handler: Handler,
+    stop: Stop,
+    in_flight: Gauge | None = None,
 ) -> None:
-    """Take messages until stopped; a message taken is always handled to the end."""
+    """Take messages until stopped; a message taken is always handled to the end.
+    ``in_flight`` counts the messages being handled."""
     while True:
         with stop.intake() as intake:
             try:
@@ -36,7 +43,8 @@ async def worker_task(
                 return
         if intake.cancelled_caught:
             return
-        await handler.handle(incoming)
+        with in_flight.track_inprogress() if in_flight is not None else nullcontext():
+            await handler.handle(incoming)
 
 
 def retry_policy(config: Config) -> RetryPolicy:
@@ -55,6 +63,7 @@ async def run_worker_group(
     stop: Stop,
     *,
     reporter: Reporter | None = None,
+    metrics: Metrics | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``.
@@ -65,7 +74,9 @@ async def run_worker_group(
     """
     broker = config.broker
     topology = build_topology([channel_type], config.retry.tiers_seconds, broker.queue_type)
-    deliveries = BatchedDeliveries(store)
+    deliveries = BatchedDeliveries(
+        store, disable_after_failing_seconds=config.channel_health.disable_after_failing_seconds
+    )
     async with (
         open_connection(
             broker.url, name=f"workers.{channel_type}", heartbeat_seconds=broker.heartbeat_seconds
@@ -87,8 +98,9 @@ async def run_worker_group(
             )  # fmt: skip
             handler = Handler(
                 deliveries, adapter, retries, timeout_seconds=workers.timeout_seconds,
-                policy=retry_policy(config), reporter=reporter,
+                policy=retry_policy(config), reporter=reporter, metrics=metrics,
             )  # fmt: skip
+            in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             lost: list[str] = []
 
             async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:
@@ -106,7 +118,7 @@ async def run_worker_group(
             log.info("worker group %s: consuming with %d tasks", channel_type, workers.concurrency)
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
-                    pool.start_soon(worker_task, consumer.receive, handler, stop)
+                    pool.start_soon(worker_task, consumer.receive, handler, stop, in_flight)
             # stopped: end the watchers and batchers before the channels close
             nursery.cancel_scope.cancel()
         if lost:

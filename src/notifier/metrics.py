@@ -1,0 +1,256 @@
+"""Prometheus metrics of one notifier process, served at ``GET /metrics`` by the ingest app.
+
+Counters and histograms are per process: each counts what its own process did (its ingest, its
+relay, its worker groups), so a deployment of several processes sums them. The scrape-time
+gauges (outbox depth, open deliveries, broker queue depths) are global values read from
+Postgres and RabbitMQ when ``/metrics`` is scraped: every process that serves ``/metrics``
+reports the same values (aggregate them with ``max``, not ``sum``).
+
+Updating a metric is a plain in-process call (a lock and an addition): no I/O and no bridge
+crossing per message. Labels are bounded: channel type, outcome, status, queue kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from notifier.broker.topology import dead_queue, main_queue, retry_queue
+from notifier.errors import BrokerError, StoreError
+from notifier.store.rows import MetricsSnapshot
+
+log = logging.getLogger("notifier.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
+OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic")
+OPEN_STATUSES = ("PENDING", "RETRYING")
+# How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
+QUEUE_DEPTHS_CACHE_SECONDS = 5.0
+QUEUE_DEPTHS_TIMEOUT_SECONDS = 3.0
+
+# An attempt is bounded by workers.<type>.timeout_seconds (10 s by default).
+ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Event created → delivered spans the retries: seconds to hours.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
+RELAY_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
+ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
+
+
+@dataclass(frozen=True)
+class BrokerQueue:
+    """A queue whose depth ``/metrics`` reports, with its labels."""
+
+    name: str
+    channel_type: str
+    kind: str  # main, retry or dead
+
+
+def broker_queues(channel_types: Iterable[str], tiers_seconds: Sequence[int]) -> list[BrokerQueue]:
+    """The work queue, every delay tier and the dead-letter queue of each channel type."""
+    queues = []
+    for t in channel_types:
+        queues.append(BrokerQueue(main_queue(t), t, "main"))
+        queues.extend(BrokerQueue(retry_queue(t, s), t, "retry") for s in tiers_seconds)
+        queues.append(BrokerQueue(dead_queue(t), t, "dead"))
+    return queues
+
+
+class _ScrapeTime(Collector):
+    """The gauges read at scrape time. A source that could not be read leaves its series out
+    (the broker's absence is said by ``notifier_broker_up 0``)."""
+
+    def __init__(self) -> None:
+        self.snapshot: MetricsSnapshot | None = None
+        self.broker_up: bool | None = None  # None: this process does not read the broker
+        self.queue_depths: list[tuple[BrokerQueue, int]] = []
+
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily(
+                "notifier_outbox_depth", "Outbox rows not yet published (read from Postgres)."
+            ),
+            GaugeMetricFamily(
+                "notifier_open_deliveries",
+                "Deliveries not finished yet, by status (read from Postgres).",
+                labels=["status"],
+            ),
+            GaugeMetricFamily(
+                "notifier_oldest_open_delivery_age_seconds",
+                "Seconds since the open delivery that changed least recently last changed.",
+            ),
+            GaugeMetricFamily(
+                "notifier_broker_up", "1 when RabbitMQ answered the queue depth read, else 0."
+            ),
+            GaugeMetricFamily(
+                "notifier_queue_messages",
+                "Ready messages in a RabbitMQ queue (main, retry tier or dead-letter queue).",
+                labels=["channel_type", "queue", "kind"],
+            ),
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        outbox, open_, oldest, broker_up, queues = self._families()
+        if (s := self.snapshot) is not None:
+            outbox.add_metric([], s.outbox_depth)
+            open_.add_metric(["PENDING"], s.pending)
+            open_.add_metric(["RETRYING"], s.retrying)
+            yield outbox
+            yield open_
+            # No open delivery: the oldest is no age at all.
+            oldest.add_metric([], s.oldest_open_age_seconds or 0.0)
+            yield oldest
+        if self.broker_up is not None:
+            broker_up.add_metric([], 1.0 if self.broker_up else 0.0)
+            yield broker_up
+            for q, depth in self.queue_depths:
+                queues.add_metric([q.channel_type, q.name, q.kind], depth)
+            if self.queue_depths:
+                yield queues
+
+
+class Metrics:
+    """Every metric of one process, on a registry of its own (several services may share a
+    process, as the tests do). Pass one instance to the ingest app, the relay and the worker
+    groups; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events_ingested = Counter(
+            "notifier_events_ingested", "Events stored (replays of an idempotency key excluded).",
+            ["source"], registry=r,
+        )  # fmt: skip
+        self.delivery_attempts = Counter(
+            "notifier_delivery_attempts", "Delivery attempts recorded, by outcome.",
+            ["channel_type", "outcome"], registry=r,
+        )  # fmt: skip
+        self.deliveries_dead = Counter(
+            "notifier_deliveries_dead", "Deliveries that ended DEAD.", ["channel_type"],
+            registry=r,
+        )  # fmt: skip
+        self.delivery_attempt_duration = Histogram(
+            "notifier_delivery_attempt_duration_seconds",
+            "Time one adapter call took (rate-limited attempts, which make none, excluded).",
+            ["channel_type"], buckets=ATTEMPT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.delivery_latency = Histogram(
+            "notifier_delivery_latency_seconds",
+            "Event created to delivery delivered, retries included.",
+            ["channel_type"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.relay_batch_size = Histogram(
+            "notifier_relay_batch_size",
+            "Outbox rows claimed per relay batch (empty ones excluded).",
+            buckets=BATCH_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.relay_lag = Histogram(
+            "notifier_relay_lag_seconds",
+            "Outbox row written to its publish confirmed by RabbitMQ.",
+            buckets=RELAY_LAG_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.relay_rows_published = Counter(
+            "notifier_relay_rows_published", "Outbox rows published, confirmed and deleted.",
+            registry=r,
+        )  # fmt: skip
+        self.worker_in_flight = Gauge(
+            "notifier_worker_in_flight", "Messages a worker group is handling right now.",
+            ["channel_type"], registry=r,
+        )  # fmt: skip
+        self.scrape_time = _ScrapeTime()
+        r.register(self.scrape_time)
+
+    def render(self) -> bytes:
+        """The text exposition (``CONTENT_TYPE``) of every metric."""
+        return generate_latest(self.registry)
+
+    def start_channel_type(self, channel_type: str) -> None:
+        """Export a worker group's series at zero from the start, so ``rate()`` and
+        ``increase()`` see the first increment."""
+        for outcome in OUTCOMES:
+            self.delivery_attempts.labels(channel_type, outcome)
+        self.deliveries_dead.labels(channel_type)
+        self.delivery_attempt_duration.labels(channel_type)
+        self.delivery_latency.labels(channel_type)
+        self.worker_in_flight.labels(channel_type)
+
+    def observe_relay_batch(
+        self, claimed: int, published: Sequence[datetime], confirmed_at: datetime
+    ) -> None:
+        """One relay batch: ``claimed`` rows, of which rows written at ``published`` were
+        confirmed at ``confirmed_at``."""
+        self.relay_batch_size.observe(claimed)
+        for created_at in published:
+            self.relay_lag.observe(seconds_between(created_at, confirmed_at))
+        self.relay_rows_published.inc(len(published))
+
+
+def seconds_between(start: datetime, end: datetime) -> float:
+    """``end - start`` in seconds, never negative (the two may come from different clocks); a
+    time without a zone counts as UTC."""
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    return max((end - start).total_seconds(), 0.0)
+
+
+class ScrapeReader:
+    """Refreshes the scrape-time gauges of ``metrics`` before a render: Postgres on every
+    scrape (one store call), the broker's queue depths at most every ``cache_seconds``.
+
+    A source that cannot be read is logged and its series are left out; the metrics of the
+    process itself are served regardless.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        read_snapshot: ReadSnapshot,
+        queues: Sequence[BrokerQueue],
+        read_queue_depths: ReadQueueDepths | None,
+        *,
+        cache_seconds: float = QUEUE_DEPTHS_CACHE_SECONDS,
+    ) -> None:
+        self._gauges = metrics.scrape_time
+        self._read_snapshot = read_snapshot
+        self._queues = list(queues)
+        self._read_queue_depths = read_queue_depths
+        self._cache_seconds = cache_seconds
+        self._queues_fresh_until = -math.inf
+        self._lock = trio.Lock()  # one broker read at a time; others wait and reuse it
+
+    async def refresh(self) -> None:
+        """Trio-flavoured."""
+        try:
+            self._gauges.snapshot = await self._read_snapshot()
+        except StoreError as exc:
+            log.warning("metrics: reading Postgres failed: %s", exc)
+            self._gauges.snapshot = None
+        if self._read_queue_depths is None:
+            return
+        async with self._lock:
+            if trio.current_time() < self._queues_fresh_until:
+                return
+            try:
+                depths = await self._read_queue_depths([q.name for q in self._queues])
+            except BrokerError as exc:
+                log.warning("metrics: reading the queue depths failed: %s", exc)
+                self._gauges.broker_up = False
+                self._gauges.queue_depths = []
+            else:
+                self._gauges.broker_up = True
+                self._gauges.queue_depths = [(q, depths[q.name]) for q in self._queues
+                                             if q.name in depths]  # fmt: skip
+            self._queues_fresh_until = trio.current_time() + self._cache_seconds

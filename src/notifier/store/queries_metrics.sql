@@ -1,0 +1,19 @@
+-- Named queries of the metrics endpoint. Each block starts with `-- name: NAME`.
+
+-- name: metrics_snapshot
+-- The scrape-time gauges in one statement: the outbox depth, and the open deliveries (counts by
+-- status, and the age of the least recently changed one) from one scan of the partial index
+-- deliveries_open_idx, which holds only open deliveries. The age is computed by Postgres, so
+-- the clocks of other hosts do not enter it.
+SELECT
+    (SELECT count(*) FROM outbox) AS outbox_depth,
+    d.pending,
+    d.retrying,
+    d.oldest_open_age_seconds
+FROM (
+    SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending,
+           count(*) FILTER (WHERE status = 'RETRYING') AS retrying,
+           extract(epoch FROM now() - min(updated_at))::float8 AS oldest_open_age_seconds
+    FROM deliveries
+    WHERE status IN ('PENDING', 'RETRYING')
+) AS d;

@@ -1,0 +1,157 @@
+"""``GET /metrics`` of a real service on the real Postgres and RabbitMQ."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from notifier.config import Config
+from notifier.testing import open_sink
+from tests.integration.conftest import create_tenant, make_config, poll, run_notifier
+
+N = 3
+WEBHOOK = {"channel_type": "webhook"}
+MAIN = {"channel_type": "webhook", "queue": "deliveries.webhook", "kind": "main"}
+DEAD = {"channel_type": "webhook", "queue": "deliveries.webhook.dead", "kind": "dead"}
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(api: httpx.AsyncClient) -> Samples:
+    """``GET /metrics`` (no API key), parsed: (sample name, labels) → value."""
+    resp = await api.get("/metrics")
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+
+
+def get(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+async def scrape_until(
+    api: httpx.AsyncClient, ready: Callable[[Samples], bool]
+) -> Samples:  # fmt: skip
+    """Scrape until ``ready`` holds for the answer (bound it with ``trio.fail_after``)."""
+    last: Samples = {}
+
+    async def check() -> bool:
+        nonlocal last
+        last = await scrape(api)
+        return ready(last)
+
+    await poll(check, interval_seconds=0.1)
+    return last
+
+
+async def post_events(api: httpx.AsyncClient, sink_url: str) -> None:
+    ch = await api.post("/v1/channels", json={"type": "webhook", "config": {"url": sink_url}})
+    assert ch.status_code == 201, ch.text
+    for n in range(N):
+        resp = await api.post("/v1/events", json={"type": "order.created", "payload": {"n": n}})
+        assert resp.status_code == 202, resp.text
+
+
+async def test_metrics_after_events_are_delivered(config: Config, database_url: str) -> None:
+    key = await create_tenant(database_url)
+    async with open_sink() as sink, run_notifier(config) as running, running.client(key) as api:
+        await post_events(api, sink.url)
+        with trio.fail_after(30):
+            await sink.wait_for(N)
+
+            def settled(s: Samples) -> bool:
+                return (
+                    get(s, "notifier_delivery_attempts_total", **WEBHOOK, outcome="delivered") == N
+                    and get(s, "notifier_worker_in_flight", **WEBHOOK) == 0
+                    and get(s, "notifier_outbox_depth") == 0
+                    and get(s, "notifier_open_deliveries", status="PENDING") == 0
+                    and get(s, "notifier_queue_messages", **MAIN) == 0
+                )
+
+            got = await scrape_until(api, settled)
+
+    assert get(got, "notifier_events_ingested_total", source="http") == N
+    assert get(got, "notifier_delivery_attempts_total", **WEBHOOK, outcome="retry") == 0
+    assert get(got, "notifier_deliveries_dead_total", **WEBHOOK) == 0
+    assert get(got, "notifier_delivery_attempt_duration_seconds_count", **WEBHOOK) == N
+    assert get(got, "notifier_delivery_latency_seconds_count", **WEBHOOK) == N
+    assert get(got, "notifier_relay_rows_published_total") == N
+    assert get(got, "notifier_relay_lag_seconds_count") == N
+    batches = get(got, "notifier_relay_batch_size_count")
+    assert batches is not None
+    assert 1 <= batches <= N
+    assert get(got, "notifier_relay_batch_size_sum") == N
+    assert get(got, "notifier_open_deliveries", status="RETRYING") == 0
+    assert get(got, "notifier_oldest_open_delivery_age_seconds") == 0
+    assert get(got, "notifier_broker_up") == 1
+    assert get(got, "notifier_queue_messages", **DEAD) == 0
+    tiers = [k for k in got if k[0] == "notifier_queue_messages" and ("kind", "retry") in k[1]]
+    assert len(tiers) == len(config.retry.tiers_seconds)  # one series per delay tier
+
+
+async def test_without_workers_the_queue_fills_and_open_deliveries_are_reported(
+    config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    roles = ("ingest", "relay")
+    async with (
+        open_sink() as sink,
+        run_notifier(config, roles) as running,
+        running.client(key) as api,
+    ):
+        await post_events(api, sink.url)
+        with trio.fail_after(30):
+            got = await scrape_until(
+                api,
+                lambda s: (
+                    get(s, "notifier_queue_messages", **MAIN) == N
+                    and get(s, "notifier_outbox_depth") == 0
+                ),
+            )
+        assert sink.received == []
+
+    assert get(got, "notifier_open_deliveries", status="PENDING") == N
+    assert get(got, "notifier_open_deliveries", status="RETRYING") == 0
+    age = get(got, "notifier_oldest_open_delivery_age_seconds")
+    assert age is not None
+    assert age >= 0
+    assert get(got, "notifier_relay_rows_published_total") == N
+    assert get(got, "notifier_queue_messages", **DEAD) == 0
+    # no worker group in this process: no attempt series
+    assert not [k for k in got if k[0] == "notifier_delivery_attempts_total"]
+
+
+async def test_ingest_alone_reports_the_outbox_and_leaves_undeclared_queues_out(
+    config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with (
+        open_sink() as sink,
+        run_notifier(config, ("ingest",)) as running,
+        running.client(key) as api,
+    ):
+        await post_events(api, sink.url)
+        got = await scrape(api)
+
+    assert get(got, "notifier_outbox_depth") == N
+    assert get(got, "notifier_open_deliveries", status="PENDING") == N
+    assert get(got, "notifier_broker_up") == 1  # it answered; the queues just do not exist yet
+    assert not [k for k in got if k[0] == "notifier_queue_messages"]
+
+
+async def test_an_unreachable_broker_is_broker_up_zero(database_url: str) -> None:
+    config = make_config(database_url, "amqp://guest:guest@127.0.0.1:1/")
+    async with run_notifier(config, ("ingest",)) as running, running.client() as api:
+        with trio.fail_after(20):
+            got = await scrape(api)
+
+    assert get(got, "notifier_broker_up") == 0
+    assert not [k for k in got if k[0] == "notifier_queue_messages"]
+    assert get(got, "notifier_outbox_depth") == 0  # Postgres is still read
