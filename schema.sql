@@ -25,6 +25,12 @@ CREATE TABLE IF NOT EXISTS channels (
 -- PATCH); cleared when it is enabled again.
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_reason text NULL;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_at timestamptz NULL;
+-- Channel health, kept by the workers: failed attempts since the last success, when that run of
+-- failures began, and the last success. A channel failing without a success for
+-- [channel_health] disable_after_failing_seconds is disabled automatically.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS failing_since timestamptz NULL;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS last_success_at timestamptz NULL;
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
@@ -72,12 +78,30 @@ CREATE TABLE IF NOT EXISTS delivery_attempts (
     started_at        timestamptz NOT NULL,
     duration_ms       integer NOT NULL,
     outcome           text NOT NULL
-                      CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic')),
+                      CONSTRAINT delivery_attempts_outcome_check
+                      CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic',
+                                         'replayed')),
     status_code       integer NULL,
     error             text NULL,
     response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
 );
 CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
+-- 'replayed' (an operator enqueued a finished delivery again) came after the first schema: widen
+-- an older check once, without rescanning the table on every migrate.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'delivery_attempts_outcome_check'
+          AND pg_get_constraintdef(oid) LIKE '%replayed%'
+    ) THEN
+        ALTER TABLE delivery_attempts DROP CONSTRAINT IF EXISTS delivery_attempts_outcome_check;
+        ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
+            CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed'))
+            NOT VALID;
+    END IF;
+END;
+$$;
 
 -- The transactional outbox. A row is written in the same transaction as its delivery and deleted
 -- by the relay only after RabbitMQ confirmed the publish. `publish_failures` counts publishes the
@@ -111,3 +135,18 @@ $$;
 DROP TRIGGER IF EXISTS outbox_notify ON outbox;
 CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION notifier_outbox_notify();
+
+-- The worker message (notifier/messages.py) of delivery `d` of event `e`, for attempt `attempt`,
+-- with the channel config `config`: what a replay or the reconciler puts in the outbox. (Ingest
+-- builds the same object inline, in its single statement.)
+CREATE OR REPLACE FUNCTION notifier_worker_message(
+    d deliveries, e events, config jsonb, attempt integer
+) RETURNS bytea
+LANGUAGE sql STABLE AS $$
+    SELECT convert_to(jsonb_build_object(
+        'delivery_id', d.id, 'event_id', e.id, 'tenant_id', d.tenant_id,
+        'channel_id', d.channel_id, 'channel_type', d.channel_type, 'channel_config', config,
+        'event_type', e.type, 'recipient', e.recipient, 'payload', e.payload,
+        'created_at', e.created_at, 'attempt', attempt, 'max_attempts', d.max_attempts)::text,
+        'UTF8')
+$$;

@@ -14,9 +14,12 @@ from notifier.adapters.registry import build_adapters
 from notifier.broker import amqp
 from notifier.broker.topology import build_topology
 from notifier.config import Config
+from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
 from notifier.ingest.serve import serve_ingest
 from notifier.lifecycle import Stop, supervise
+from notifier.maintenance import run_maintenance
+from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.relay.relay import relay_loop
 from notifier.store import Store, open_store
@@ -24,7 +27,7 @@ from notifier.worker.group import run_worker_group
 
 log = logging.getLogger("notifier.service")
 
-ROLES = ("ingest", "relay", "workers")
+ROLES = ("ingest", "relay", "workers", "maintenance")
 
 
 async def run_relay(
@@ -32,6 +35,7 @@ async def run_relay(
     store: Store,
     stop: Stop,
     *,
+    metrics: Metrics | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. The relay on an AMQP connection of its own (DESIGN §10)."""
@@ -45,7 +49,8 @@ async def run_relay(
         async with conn.open_publisher(config.broker.publish_timeout_seconds) as publisher:
             await relay_loop(
                 store, publisher, stop, batch_size=config.relay.batch_size,
-                poll_interval_seconds=config.relay.poll_interval_seconds, task_status=task_status,
+                poll_interval_seconds=config.relay.poll_interval_seconds, metrics=metrics,
+                task_status=task_status,
             )  # fmt: skip
 
 
@@ -72,6 +77,7 @@ async def run(
     adapters = {**built, **(adapters or {})}
     grace = config.service.shutdown_grace_seconds
     db = config.database
+    metrics = Metrics()  # this process's; /metrics serves it where ingest runs
     async with open_store(
         db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds
     ) as store:
@@ -84,21 +90,31 @@ async def run(
                     app = create_app(
                         store, config, adapters,
                         check_broker=functools.partial(amqp.probe, config.broker.url),
+                        metrics=metrics,
+                        read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
                     )  # fmt: skip
                     binds = await services.start(
                         functools.partial(serve_ingest, grace_seconds=grace),
                         app, config.ingest.bind, stop,
                     )  # fmt: skip
+                    if config.amqp_ingest.enabled:
+                        amqp_ingest = functools.partial(run_amqp_ingest, config, store, stop)
+                        await services.start(supervise, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
-                    relay = functools.partial(run_relay, config, store, stop)
+                    relay = functools.partial(run_relay, config, store, stop, metrics=metrics)
                     await services.start(supervise, "relay", relay, stop)
                 if "workers" in roles:
                     for channel_type, workers in config.workers.enabled().items():
                         group = functools.partial(
                             run_worker_group, channel_type, config, workers, store,
-                            adapters[channel_type], stop, reporter=reporter,
+                            adapters[channel_type], stop, reporter=reporter, metrics=metrics,
                         )  # fmt: skip
                         await services.start(supervise, f"workers.{channel_type}", group, stop)
+                if "maintenance" in roles:
+                    maintenance = functools.partial(
+                        run_maintenance, config.maintenance, store, stop
+                    )
+                    await services.start(supervise, "maintenance", maintenance, stop)
                 log.info("notifier running: roles %s%s", ",".join(sorted(roles)),
                          f", listening on {' '.join(binds)}" if binds else "")  # fmt: skip
                 task_status.started(binds)

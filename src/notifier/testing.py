@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import h11
+import msgspec
 import trio
 
 from notifier.adapters.base import Receipt
@@ -390,10 +391,19 @@ class MemoryOutbox:
         self._next_id = 1
         self.bell = MemoryDoorbell()
 
-    def add(self, delivery_id: uuid.UUID, routing_key: str, body: bytes) -> int:
+    def add(
+        self,
+        delivery_id: uuid.UUID,
+        routing_key: str,
+        body: bytes,
+        *,
+        created_at: datetime | None = None,
+    ) -> int:
+        """Insert a row (written now, unless ``created_at`` says otherwise) and ring."""
         row_id = self._next_id
         self._next_id += 1
-        self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body)
+        written = created_at or datetime.now(UTC)
+        self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body, written)
         self.bell.ring()
         return row_id
 
@@ -491,9 +501,18 @@ class MemoryDeliveries:
         self.attempts: list[AttemptRecord] = []  # every attempt row written, in order
         self.unavailable = False
 
-    def add(self, delivery_id: uuid.UUID, *, status: str = "PENDING", attempt: int = 0) -> None:
-        """Create (or overwrite) a delivery row."""
-        self.states[delivery_id] = DeliveryState(status, attempt)
+    def add(
+        self,
+        delivery_id: uuid.UUID,
+        *,
+        status: str = "PENDING",
+        attempt: int = 0,
+        channel_state: str = "enabled",
+        channel_reason: str | None = None,
+    ) -> None:
+        """Create (or overwrite) a delivery row; ``channel_state`` is its channel's
+        (``enabled``, ``disabled`` or ``deleted``)."""
+        self.states[delivery_id] = DeliveryState(status, attempt, channel_state, channel_reason)
 
     def state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
         return self.states.get(delivery_id)
@@ -519,7 +538,9 @@ class MemoryDeliveries:
             return False
         if rec.status is None:  # rate limited: status, attempt and last error stay
             return True
-        self.states[rec.delivery_id] = DeliveryState(rec.status, rec.attempt)
+        self.states[rec.delivery_id] = msgspec.structs.replace(
+            current, status=rec.status, attempt=rec.attempt
+        )
         self.last_errors[rec.delivery_id] = rec.error
         return True
 

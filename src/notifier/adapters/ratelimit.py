@@ -52,24 +52,68 @@ class TokenBucket:
         while spent and spent[0] + self.period <= now + _EPSILON:
             spent.popleft()
 
-    def wait(self, now: float) -> float:
-        """Seconds until a token is free; 0.0 when one is free now."""
+    def wait(self, now: float, count: int = 1) -> float:
+        """Seconds until ``count`` tokens (at most ``tokens``) are free; 0.0 when they are
+        free now."""
+        if not 1 <= count <= self.tokens:
+            raise ValueError(f"count must be from 1 to {self.tokens}")
         self._refill(now)
-        if len(self._spent) < self.tokens:
+        missing = count - (self.tokens - len(self._spent))
+        if missing <= 0:
             return 0.0
-        return max(0.0, self._spent[0] + self.period - now)
+        return max(0.0, self._spent[missing - 1] + self.period - now)
 
-    def take(self, now: float) -> None:
-        """Spend a token; only call it when ``wait(now)`` is 0."""
-        self._refill(now)
-        if len(self._spent) >= self.tokens:
-            raise RuntimeError("no token free: call wait() first")
-        self._spent.append(now)
+    def take(self, now: float, count: int = 1) -> None:
+        """Spend ``count`` tokens; only call it when ``wait(now, count)`` is 0."""
+        if self.wait(now, count) > 0:
+            raise RuntimeError("not enough tokens free: call wait() first")
+        self._spent.extend([now] * count)
 
     def full(self, now: float) -> bool:
         """Every token is back: the bucket is the same as a new one and may be forgotten."""
         self._refill(now)
         return not self._spent
+
+
+class RefillingBucket:
+    """A continuously refilled token bucket: ``capacity`` tokens, ``rate`` tokens back per
+    second. Bursts up to ``capacity``, then ``rate`` on average; the wait for one more token is
+    short (``1 / rate``), which suits an API's clients better than a sliding log."""
+
+    __slots__ = ("_at", "_tokens", "capacity", "rate")
+
+    def __init__(self, capacity: int, rate: float) -> None:
+        if capacity < 1:
+            raise ValueError("a bucket needs at least one token")
+        if not rate > 0:
+            raise ValueError("rate must be positive")
+        self.capacity = capacity
+        self.rate = rate
+        self._tokens = float(capacity)
+        self._at: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self._at is not None:
+            self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def wait(self, now: float, count: int = 1) -> float:
+        """Seconds until ``count`` tokens (at most ``capacity``) are there; 0.0 when now."""
+        if not 1 <= count <= self.capacity:
+            raise ValueError(f"count must be from 1 to {self.capacity}")
+        self._refill(now)
+        missing = count - self._tokens
+        return 0.0 if missing <= _EPSILON else missing / self.rate
+
+    def take(self, now: float, count: int = 1) -> None:
+        """Spend ``count`` tokens; only call it when ``wait(now, count)`` is 0."""
+        if self.wait(now, count) > 0:
+            raise RuntimeError("not enough tokens: call wait() first")
+        self._tokens = max(0.0, self._tokens - count)
+
+    def full(self, now: float) -> bool:
+        self._refill(now)
+        return self._tokens >= self.capacity - _EPSILON
 
 
 class KeyedLimiter(Generic[K]):
@@ -80,21 +124,21 @@ class KeyedLimiter(Generic[K]):
     The memory held is therefore bounded by the keys used within one period.
     """
 
-    def __init__(self, make_bucket: Callable[[], TokenBucket]) -> None:
+    def __init__(self, make_bucket: Callable[[], TokenBucket | RefillingBucket]) -> None:
         self._make = make_bucket
-        self._buckets: OrderedDict[K, TokenBucket] = OrderedDict()
+        self._buckets: OrderedDict[K, TokenBucket | RefillingBucket] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def wait(self, key: K, now: float) -> float:
+    def wait(self, key: K, now: float, count: int = 1) -> float:
         bucket = self._buckets.get(key)
-        return 0.0 if bucket is None else bucket.wait(now)
+        return 0.0 if bucket is None else bucket.wait(now, count)
 
-    def take(self, key: K, now: float) -> None:
+    def take(self, key: K, now: float, count: int = 1) -> None:
         self.forget_idle(now)
         bucket = self._buckets.pop(key, None) or self._make()
-        bucket.take(now)
+        bucket.take(now, count)
         self._buckets[key] = bucket  # now the most recently spent
 
     def forget_idle(self, now: float) -> None:

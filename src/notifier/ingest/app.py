@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
@@ -26,10 +27,20 @@ from notifier.adapters.base import (
     UpdatesConfig,
     public_config,
 )
+from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.config import Config
 from notifier.errors import StoreUnavailable, UnstorableText
-from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn
-from notifier.store.pg import IdempotencyConflict, Store, UnknownChannels
+from notifier.ingest.events import max_attempts_by_type, new_event
+from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, ReplayIn
+from notifier.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
+from notifier.store.pg import (
+    IdempotencyConflict,
+    NotFound,
+    NotReplayable,
+    Store,
+    UnknownChannels,
+)
 from notifier.store.rows import DELIVERY_STATUSES, Channel, Delivery, Event, NewEvent
 from notifier.validation import locate
 
@@ -43,9 +54,12 @@ MAX_PAGE = 500
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.headers = dict(headers or {})
 
 
 def hash_api_key(api_key: str) -> str:
@@ -90,6 +104,11 @@ def _channel_view(
         "enabled": channel.enabled,
         "disabled_reason": channel.disabled_reason,
         "disabled_at": channel.disabled_at,
+        "health": {
+            "consecutive_failures": channel.consecutive_failures,
+            "failing_since": channel.failing_since,
+            "last_success_at": channel.last_success_at,
+        },
         "max_attempts": channel.max_attempts,
         "created_at": channel.created_at,
         "updated_at": channel.updated_at,
@@ -148,12 +167,22 @@ def create_app(
     adapters: Mapping[str, Adapter],
     *,
     check_broker: Callable[[], Awaitable[None]] | None = None,
+    metrics: Metrics | None = None,
+    read_queue_depths: ReadQueueDepths | None = None,
 ) -> QuartTrio:
-    """Build the app. ``check_broker`` raises when RabbitMQ is unreachable (for ``/readyz``)."""
+    """Build the app. ``check_broker`` raises when RabbitMQ is unreachable (for ``/readyz``).
+    ``/metrics`` serves ``metrics`` (the process's; a fresh one by default) and the broker's queue
+    depths read with ``read_queue_depths`` (left out without it)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
-    max_attempts = {t: w.max_attempts for t, w in config.workers.enabled().items()}
+    max_attempts = max_attempts_by_type(config)
     tenants: dict[str, tuple[uuid.UUID, float]] = {}
+    meters = metrics if metrics is not None else Metrics()
+    ingested = meters.events_ingested.labels(source="http")
+    scrape = ScrapeReader(
+        meters, store.metrics_snapshot,
+        broker_queues(config.workers.enabled(), config.retry.tiers_seconds), read_queue_depths,
+    )  # fmt: skip
 
     async def tenant() -> uuid.UUID:
         auth = request.headers.get("Authorization", "")
@@ -216,7 +245,7 @@ def create_app(
 
     @app.errorhandler(ApiError)
     async def on_api_error(exc: ApiError) -> Response:
-        return _error(exc.status, exc.code, exc.message)
+        return _error(exc.status, exc.code, exc.message, exc.headers)
 
     @app.errorhandler(HTTPException)
     async def on_http_error(exc: HTTPException) -> Response:
@@ -269,6 +298,12 @@ def create_app(
         ready = all(v == "ok" for v in checks.values())
         return _json({"status": "ready" if ready else "unavailable", "checks": checks},
                      200 if ready else 503)  # fmt: skip
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        # No API key, like the health routes: keep the port internal.
+        await scrape.refresh()
+        return Response(meters.render(), content_type=METRICS_CONTENT_TYPE)
 
     # -- channels -----------------------------------------------------------------------------
 
@@ -334,26 +369,38 @@ def create_app(
 
     # -- events -------------------------------------------------------------------------------
 
-    def new_event(e: EventIn, key: str | None) -> NewEvent:
-        payload = msgspec.json.encode(e.payload)
-        canonical = msgspec.json.encode(
-            {"type": e.type, "payload": e.payload, "recipient": e.recipient,
-             "channel_ids": e.channel_ids},
-            order="sorted",
-        )  # fmt: skip
-        return NewEvent(
-            id=uuid.uuid4(), type=e.type, recipient=e.recipient, payload=msgspec.Raw(payload),
-            idempotency_key=key, request_hash=hashlib.sha256(canonical).hexdigest(),
-            channel_ids=e.channel_ids,
-        )  # fmt: skip
+    limits = config.ingest
+    rate_limiter: KeyedLimiter[uuid.UUID] | None = None
+    if limits.rate_limit_per_second > 0:
+        rate_limiter = KeyedLimiter(
+            lambda: RefillingBucket(limits.rate_limit_burst, limits.rate_limit_per_second)
+        )
+
+    def admit(tenant_id: uuid.UUID, count: int) -> None:
+        """Spend ``count`` events of the key's rate limit, or answer 429 writing nothing."""
+        if rate_limiter is None:
+            return
+        now = trio.current_time()
+        count = min(count, limits.rate_limit_burst)
+        wait = rate_limiter.wait(tenant_id, now, count)
+        if wait > 0:
+            raise ApiError(
+                429, "rate_limited",
+                f"over {limits.rate_limit_per_second:g} events per second for this API key; "
+                f"retry in {math.ceil(wait)} s", {"Retry-After": str(math.ceil(wait))},
+            )  # fmt: skip
+        rate_limiter.take(tenant_id, now, count)
 
     async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[Any]:
+        admit(tenant_id, len(events))
         try:
-            return await store.ingest(tenant_id, events, max_attempts)
+            results = await store.ingest(tenant_id, events, max_attempts)
         except IdempotencyConflict as exc:
             raise ApiError(409, "idempotency_conflict", str(exc)) from exc
         except UnknownChannels as exc:
             raise ApiError(422, "validation_error", f"channel_ids: {exc}") from exc
+        ingested.inc(sum(1 for r in results if r.created))
+        return results
 
     @app.post("/v1/events")
     async def post_event() -> Response:
@@ -422,5 +469,35 @@ def create_app(
         if delivery is None:
             raise ApiError(404, "not_found", "delivery not found")
         return _json(_delivery_view(delivery))
+
+    # -- replay -------------------------------------------------------------------------------
+
+    @app.post("/v1/deliveries/<uuid:delivery_id>/retry")
+    async def replay_delivery(delivery_id: uuid.UUID) -> Response:
+        tenant_id = await tenant()
+        data = await request.get_data(cache=False)
+        if data.strip() not in (b"", b"{}"):
+            raise ApiError(422, "validation_error", "body: this route takes no body (or {})")
+        try:
+            await store.replay_delivery(tenant_id, delivery_id)
+        except NotFound as exc:
+            raise ApiError(404, "not_found", "delivery not found") from exc
+        except NotReplayable as exc:
+            raise ApiError(409, "not_replayable", str(exc)) from exc
+        delivery = await store.get_delivery(tenant_id, delivery_id)
+        if delivery is None:  # deleted by retention in between
+            raise ApiError(404, "not_found", "delivery not found")
+        return _json(_delivery_view(delivery), 202)
+
+    @app.post("/v1/deliveries/retry")
+    async def replay_deliveries() -> Response:
+        tenant_id = await tenant()
+        data = await body(ReplayIn)
+        queued, more = await store.replay_deliveries(
+            tenant_id, status=data.status, channel_id=data.channel_id, event_type=data.event_type,
+            created_after=data.created_after, created_before=data.created_before,
+            limit=data.limit,
+        )  # fmt: skip
+        return _json({"queued": queued, "more": more}, 202)
 
     return app

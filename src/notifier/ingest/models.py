@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -61,3 +62,18 @@ class EventIn(_Body):
 
 class BatchIn(_Body):
     events: Annotated[list[EventIn], msgspec.Meta(min_length=1)]
+
+
+ReplayStatus = Annotated[str, msgspec.Meta(pattern=r"^(DEAD|DELIVERED)$")]
+ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+
+
+class ReplayIn(_Body):
+    """``POST /v1/deliveries/retry``: which finished deliveries to enqueue again."""
+
+    status: ReplayStatus = "DEAD"
+    channel_id: uuid.UUID | None = None
+    event_type: Pattern | None = None  # an exact type, 'prefix.*' or '*'
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    limit: ReplayLimit = 100

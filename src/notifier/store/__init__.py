@@ -3,6 +3,8 @@
 from notifier.store.pg import (
     Doorbell,
     IdempotencyConflict,
+    NotFound,
+    NotReplayable,
     OutboxClaim,
     Store,
     UnknownChannels,
@@ -12,6 +14,8 @@ from notifier.store.pg import (
 __all__ = [
     "Doorbell",
     "IdempotencyConflict",
+    "NotFound",
+    "NotReplayable",
     "OutboxClaim",
     "Store",
     "UnknownChannels",

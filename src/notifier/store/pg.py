@@ -24,6 +24,7 @@ import trio
 from notifier.bridge import aio, open_bridge
 from notifier.errors import StoreError, StoreUnavailable, UnstorableText
 from notifier.store.rows import (
+    TERMINAL_STATUSES,
     Attempt,
     AttemptRecord,
     Channel,
@@ -32,6 +33,7 @@ from notifier.store.rows import (
     DeliverySummary,
     Event,
     IngestResult,
+    MetricsSnapshot,
     NewEvent,
     OutboxRow,
 )
@@ -131,6 +133,9 @@ def _channel(row: Row) -> Channel:
         enabled=row["enabled"],
         disabled_reason=row["disabled_reason"],
         disabled_at=row["disabled_at"],
+        consecutive_failures=row["consecutive_failures"],
+        failing_since=row["failing_since"],
+        last_success_at=row["last_success_at"],
         max_attempts=row["max_attempts"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -192,6 +197,17 @@ class UnknownChannels(StoreError):
     def __init__(self, ids: Sequence[uuid.UUID]) -> None:
         super().__init__("unknown channel ids: " + ", ".join(str(i) for i in ids))
         self.ids = list(ids)
+
+
+class NotFound(StoreError):
+    """The row does not exist (or belongs to another tenant)."""
+
+
+class NotReplayable(StoreError):
+    """A replay was asked for a delivery that cannot be replayed now; the message says why."""
+
+
+REPLAY_NOTE = "replayed: enqueued again with a fresh attempt budget"
 
 
 class Store:
@@ -384,10 +400,9 @@ class Store:
             ]
             return _delivery(row, attempts)
 
-    @_crossing
     async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
-        row = await self._pool.fetchrow(Q["delivery_state"], delivery_id)
-        return DeliveryState(row["status"], row["attempt"]) if row else None
+        (state,) = await self.delivery_states([delivery_id])
+        return state
 
     async def record_attempt(self, rec: AttemptRecord) -> bool:
         """Settle one attempt; False when the delivery had already moved past it."""
@@ -400,12 +415,21 @@ class Store:
     ) -> list[DeliveryState | None]:
         """``delivery_state`` for many ids in one round trip, in the order given."""
         rows = await self._pool.fetch(Q["delivery_states"], list(delivery_ids))
-        found = {r["id"]: DeliveryState(r["status"], r["attempt"]) for r in rows}
+        found = {
+            r["id"]: DeliveryState(
+                r["status"], r["attempt"], r["channel_state"], r["disabled_reason"]
+            )
+            for r in rows
+        }
         return [found.get(i) for i in delivery_ids]
 
     @_crossing
-    async def record_attempts(self, recs: Sequence[AttemptRecord]) -> list[bool]:
-        """``record_attempt`` for many attempts in one statement, in the order given."""
+    async def record_attempts(
+        self, recs: Sequence[AttemptRecord], *, disable_after_failing_seconds: float = 0.0
+    ) -> list[bool]:
+        """``record_attempt`` for many attempts in one statement, in the order given; keeps
+        the channels' health and disables a channel failing without a success for longer than
+        ``disable_after_failing_seconds`` (0: never)."""
         rows = await self._pool.fetch(
             Q["attempt_record_batch"],
             *(list(column) for column in zip(*(
@@ -413,6 +437,7 @@ class Store:
                  r.status_code, r.error, r.response_excerpt, r.next_attempt_at, r.disable_channel)
                 for r in recs
             ), strict=True)),
+            float(disable_after_failing_seconds),
         )  # fmt: skip
         moved = {r["delivery_id"]: r["moved"] for r in rows}
         return [bool(moved.get(r.delivery_id)) for r in recs]
@@ -445,6 +470,75 @@ class Store:
         depth: int = await self._pool.fetchval(Q["outbox_depth"])
         return depth
 
+    # -- operations: replay, reconciler, retention ---------------------------------------------
+
+    @_crossing
+    async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
+        """Enqueue one finished delivery again (``DEAD`` or ``DELIVERED`` → ``PENDING``, fresh
+        attempt budget). Raises ``NotFound`` or ``NotReplayable`` having written nothing."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(Q["replay_check"], tenant_id, delivery_id)
+            if row is None:
+                raise NotFound("delivery not found")
+            if row["status"] not in TERMINAL_STATUSES:
+                raise NotReplayable(
+                    f"the delivery is {row['status']}: only a DELIVERED or DEAD delivery can be "
+                    "replayed"
+                )
+            if row["channel_state"] != "enabled":
+                raise NotReplayable(
+                    f"the delivery's channel is {row['channel_state']}"
+                    + ("; enable it first" if row["channel_state"] == "disabled" else "")
+                )
+            await conn.fetch(
+                Q["replay"], tenant_id, row["status"], delivery_id, None, None, None, None, 1,
+                REPLAY_NOTE,
+            )  # fmt: skip
+
+    @_crossing
+    async def replay_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str,
+        channel_id: uuid.UUID | None,
+        event_type: str | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        limit: int,
+    ) -> tuple[int, bool]:
+        """Enqueue up to ``limit`` matching finished deliveries again (oldest first, only of
+        enabled channels); return how many, and whether more match."""
+        filters = (channel_id, event_type, created_after, created_before)
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                Q["replay"], tenant_id, status, None, *filters, limit, REPLAY_NOTE
+            )
+            more: bool = await conn.fetchval(Q["replay_more"], tenant_id, status, *filters)
+        return len(rows), more
+
+    @_crossing
+    async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
+        """Enqueue stuck unfinished deliveries again (see ``reconcile`` in queries_ops.sql);
+        return their ids."""
+        rows = await self._pool.fetch(Q["reconcile"], float(stuck_after_seconds), limit)
+        return [r["id"] for r in rows]
+
+    @_crossing
+    async def delete_expired(self, *, retention_days: int, limit: int) -> int:
+        """Delete up to ``limit`` finished events older than ``retention_days``; return how
+        many."""
+        return len(await self._pool.fetch(Q["retention"], retention_days, limit))
+
+    @_crossing
+    async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]:
+        """Delete outbox rows of finished or deleted deliveries; return how many, and how many
+        rows the broker has refused at least ``refused_after`` times."""
+        async with self._pool.acquire() as conn:
+            deleted = len(await conn.fetch(Q["outbox_hygiene"], limit))
+            refused: int = await conn.fetchval(Q["outbox_refused_count"], refused_after)
+        return deleted, refused
+
     @asynccontextmanager
     async def open_doorbell(self) -> AsyncIterator[Doorbell]:
         """Trio-flavoured. LISTEN on the outbox channel on a connection of its own."""
@@ -468,6 +562,95 @@ class Store:
                     await aio(conn.close, timeout=5)
                 except Exception:
                     conn.terminate()
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    @_crossing
+    async def metrics_snapshot(self) -> MetricsSnapshot:
+        """The scrape-time gauges (outbox depth, open deliveries) in one statement."""
+        row = await self._pool.fetchrow(Q["metrics_snapshot"])
+        assert row is not None
+        return MetricsSnapshot(
+            outbox_depth=row["outbox_depth"], pending=row["pending"], retrying=row["retrying"],
+            oldest_open_age_seconds=row["oldest_open_age_seconds"],
+        )  # fmt: skip
+
+    # -- AMQP ingest --------------------------------------------------------------------------
+
+    @_crossing
+    async def tenant_ids_by_names(self, names: Sequence[str]) -> dict[str, uuid.UUID]:
+        """Name → id of those of the tenants ``names`` that exist."""
+        rows = await self._pool.fetch(Q["amqp_tenants_by_names"], list(names))
+        return {r["name"]: r["id"] for r in rows}
+
+    @_crossing
+    async def ingest_each(
+        self,
+        events: Sequence[tuple[uuid.UUID, NewEvent]],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult | IdempotencyConflict | UnknownChannels]:
+        """Store ``(tenant id, event)`` pairs, of any tenants, in one transaction, each event on
+        its own: one outcome per event, in order — its ``IngestResult`` (``created`` False for a
+        replay: same key, same body), or the error that kept it out (its idempotency key used
+        with another body, its ``channel_ids`` naming channels its tenant does not have) while
+        the others are stored.
+
+        Raises, having written nothing, only what fails the transaction as a whole
+        (``StoreUnavailable``, ``UnstorableText`` ...).
+        """
+        outcomes: dict[int, IngestResult | IdempotencyConflict | UnknownChannels] = {}
+        named = {cid for _, e in events for cid in (e.channel_ids or ())}
+        async with self._pool.acquire() as conn, conn.transaction():
+            owned: set[tuple[uuid.UUID, uuid.UUID]] = set()
+            if named:
+                rows = await conn.fetch(Q["amqp_channels_owned"], list(named))
+                owned = {(r["tenant_id"], r["id"]) for r in rows}
+            groups: dict[uuid.UUID, list[int]] = {}
+            for i, (tenant_id, e) in enumerate(events):
+                missing = {c for c in e.channel_ids or () if (tenant_id, c) not in owned}
+                if missing:
+                    outcomes[i] = UnknownChannels(sorted(missing))
+                else:
+                    groups.setdefault(tenant_id, []).append(i)
+            for tenant_id, indexes in groups.items():
+                group = [events[i][1] for i in indexes]
+                found = await self._ingest_group(conn, tenant_id, group, max_attempts)
+                outcomes.update(zip(indexes, found, strict=True))
+        return [outcomes[i] for i in range(len(events))]
+
+    @staticmethod
+    async def _ingest_group(
+        conn: Conn,
+        tenant_id: uuid.UUID,
+        events: Sequence[NewEvent],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult | IdempotencyConflict]:
+        """Asyncio-flavoured. ``ingest_each`` for one tenant: two statements at most."""
+        payload = [
+            {"id": e.id, "type": e.type, "recipient": e.recipient, "payload": e.payload,
+             "idempotency_key": e.idempotency_key, "request_hash": e.request_hash,
+             "channel_ids": e.channel_ids, "ord": i}
+            for i, e in enumerate(events)
+        ]  # fmt: skip
+        rows = await conn.fetch(Q["insert_events"], tenant_id, payload, max_attempts)
+        created = {r["id"]: r for r in rows}
+        earlier: dict[str, Row] = {}
+        if skipped := [e.idempotency_key for e in events if e.id not in created]:
+            for r in await conn.fetch(Q["events_by_keys"], tenant_id, skipped):
+                earlier[r["idempotency_key"]] = r
+        outcomes: list[IngestResult | IdempotencyConflict] = []
+        for e in events:
+            key = e.idempotency_key
+            if e.id in created:
+                outcomes.append(IngestResult(event=_event(created[e.id], key), created=True))
+                continue
+            assert key is not None  # only a key makes an insert skip an event
+            prior = earlier.get(key)
+            if prior is None or prior["request_hash"] != e.request_hash:
+                outcomes.append(IdempotencyConflict(key))
+            else:
+                outcomes.append(IngestResult(event=_event(prior, key), created=False))
+        return outcomes
 
 
 class Doorbell:
@@ -506,7 +689,8 @@ class OutboxClaim:
         await self._tx.start()
         records = await self._conn.fetch(Q["outbox_claim"], limit)
         self.rows = [
-            OutboxRow(r["id"], r["delivery_id"], r["routing_key"], r["body"]) for r in records
+            OutboxRow(r["id"], r["delivery_id"], r["routing_key"], r["body"], r["created_at"])
+            for r in records
         ]
 
     @_crossing

@@ -30,6 +30,9 @@ UPDATE channels SET
     disabled_reason = CASE WHEN $7 THEN NULL WHEN enabled THEN 'disabled through the API'
                            ELSE disabled_reason END,
     disabled_at = CASE WHEN $7 THEN NULL WHEN enabled THEN now() ELSE disabled_at END,
+    -- enabling a disabled channel starts its health afresh
+    consecutive_failures = CASE WHEN $7 AND NOT enabled THEN 0 ELSE consecutive_failures END,
+    failing_since = CASE WHEN $7 AND NOT enabled THEN NULL ELSE failing_since END,
     updated_at = now()
 WHERE tenant_id = $1 AND id = $2
 RETURNING *;
@@ -134,19 +137,29 @@ WHERE tenant_id = $1 AND id = $2;
 SELECT attempt, outcome, status_code, duration_ms, error, started_at
 FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 
--- name: delivery_state
-SELECT status, attempt FROM deliveries WHERE id = $1;
-
 -- name: delivery_states
-SELECT id, status, attempt FROM deliveries WHERE id = ANY($1::uuid[]);
+-- With the state of the delivery's channel: a delivery is not attempted while its channel is
+-- disabled or deleted.
+SELECT d.id, d.status, d.attempt,
+       CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
+           AS channel_state,
+       c.disabled_reason
+FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
+WHERE d.id = ANY($1::uuid[]);
+
 
 -- name: attempt_record_batch
 -- Settle attempts (one row of each array per attempt): move each delivery forward (never out of
 -- DELIVERED or DEAD, never back to an older attempt) and write its attempt row, in one
 -- statement. A NULL status (a rate-limited attempt) keeps the delivery's status, attempt and
--- last error and only moves next_attempt_at. A row with disable_channel also disables the
--- delivery's channel, with the error as the reason. Returns, per input row, whether its
--- delivery moved.
+-- last error and only moves next_attempt_at. Returns, per input row, whether its delivery moved.
+--
+-- Channel health in the same statement: per channel, a success resets the count of consecutive
+-- failures, and each failed attempt ('retry' or 'dead') after the batch's last success adds to
+-- it. A channel is disabled when an attempt says its destination is gone (disable_channel, the
+-- error as the reason) or when it has been failing without a success for longer than $12
+-- seconds (0 = never). Channel rows are locked in id order, so concurrent batches cannot
+-- deadlock on them.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
                          $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[],
@@ -154,11 +167,63 @@ WITH input AS (
         AS r(delivery_id, attempt, status, outcome, started_at, duration_ms, status_code, error,
              response_excerpt, next_attempt_at, disable_channel)
 ),
-disabled AS (
-    UPDATE channels c SET
-        enabled = false, disabled_reason = r.error, disabled_at = now(), updated_at = now()
+counted AS (
+    SELECT d.channel_id, r.outcome, r.started_at, r.error, r.disable_channel,
+           max(r.started_at) FILTER (WHERE r.outcome = 'delivered')
+               OVER (PARTITION BY d.channel_id) AS last_success
     FROM input r JOIN deliveries d ON d.id = r.delivery_id
-    WHERE r.disable_channel AND c.id = d.channel_id AND c.enabled
+    WHERE r.outcome IN ('delivered', 'retry', 'dead')
+),
+per_channel AS (
+    SELECT channel_id,
+           max(last_success) AS last_success,
+           count(*) FILTER (WHERE outcome <> 'delivered'
+                            AND (last_success IS NULL OR started_at > last_success)) AS failures,
+           min(started_at) FILTER (WHERE outcome <> 'delivered'
+                            AND (last_success IS NULL OR started_at > last_success))
+               AS first_failure,
+           bool_or(disable_channel) AS gone,
+           max(error) FILTER (WHERE disable_channel) AS gone_reason
+    FROM counted GROUP BY channel_id
+),
+health AS (
+    SELECT c.id,
+           CASE WHEN p.last_success IS NULL THEN c.consecutive_failures + p.failures
+                ELSE p.failures END AS failures,
+           CASE WHEN p.failures = 0 AND p.last_success IS NOT NULL THEN NULL
+                WHEN p.last_success IS NULL THEN coalesce(c.failing_since, p.first_failure)
+                ELSE p.first_failure END AS failing_since,
+           greatest(c.last_success_at, p.last_success) AS last_success_at,
+           p.gone, p.gone_reason
+    FROM channels c JOIN per_channel p ON p.channel_id = c.id
+    ORDER BY c.id
+    FOR UPDATE OF c
+),
+verdict AS (
+    SELECT h.*,
+           CASE WHEN h.gone THEN h.gone_reason
+                WHEN $12::float8 > 0 AND h.failing_since IS NOT NULL
+                     AND h.failing_since < now() - $12::float8 * interval '1 second'
+                THEN format('failing without a success since %s (%s consecutive failures)',
+                            to_char(h.failing_since AT TIME ZONE 'UTC',
+                                    'YYYY-MM-DD"T"HH24:MI:SS"Z"'), h.failures)
+           END AS disable_reason
+    FROM health h
+),
+channel_upd AS (
+    UPDATE channels c SET
+        consecutive_failures = v.failures,
+        failing_since = v.failing_since,
+        last_success_at = v.last_success_at,
+        enabled = c.enabled AND v.disable_reason IS NULL,
+        disabled_reason = CASE WHEN c.enabled AND v.disable_reason IS NOT NULL
+                               THEN v.disable_reason ELSE c.disabled_reason END,
+        disabled_at = CASE WHEN c.enabled AND v.disable_reason IS NOT NULL
+                           THEN now() ELSE c.disabled_at END,
+        updated_at = CASE WHEN c.enabled AND v.disable_reason IS NOT NULL
+                          THEN now() ELSE c.updated_at END
+    FROM verdict v
+    WHERE c.id = v.id
 ),
 upd AS (
     UPDATE deliveries d SET
@@ -186,13 +251,13 @@ SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS
 -- Fresh rows in id order plus refused rows whose wait is over, locked so that concurrent relays
 -- skip them. No id cursor: rows from transactions that commit out of order are never skipped.
 WITH fresh AS (
-    SELECT id, delivery_id, routing_key, body FROM outbox
+    SELECT id, delivery_id, routing_key, body, created_at FROM outbox
     WHERE publish_failures = 0
     ORDER BY id LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT id, delivery_id, routing_key, body FROM outbox
+    SELECT id, delivery_id, routing_key, body, created_at FROM outbox
     WHERE publish_failures > 0 AND available_at <= now()
     ORDER BY available_at LIMIT $1
     FOR UPDATE SKIP LOCKED

@@ -26,6 +26,9 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
     disabled_reason: str | None = None
     disabled_at: datetime | None = None
+    consecutive_failures: int = 0
+    failing_since: datetime | None = None
+    last_success_at: datetime | None = None
 
 
 class DeliverySummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +92,10 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
 class DeliveryState(msgspec.Struct, frozen=True):
     status: str
     attempt: int
+    # The delivery's channel: "enabled", "disabled" (with the reason) or "deleted". Deliveries
+    # of a channel that is not enabled are not attempted.
+    channel_state: str = "enabled"
+    channel_reason: str | None = None
 
 
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,8 +120,18 @@ class OutboxRow(msgspec.Struct, frozen=True):
     delivery_id: uuid.UUID
     routing_key: str
     body: bytes
+    created_at: datetime  # when the row was written (for the relay's lag)
 
 
 class Page(msgspec.Struct, frozen=True):
     items: list[Any]
     next_cursor: str | None
+
+
+class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``/metrics`` reads from Postgres at scrape time, in one statement."""
+
+    outbox_depth: int
+    pending: int  # deliveries PENDING
+    retrying: int  # deliveries RETRYING
+    oldest_open_age_seconds: float | None  # since the open delivery changed least recently

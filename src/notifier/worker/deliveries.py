@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from typing import Protocol
@@ -24,7 +25,9 @@ class BatchStore(Protocol):
         self, delivery_ids: Sequence[uuid.UUID]
     ) -> list[DeliveryState | None]: ...
 
-    async def record_attempts(self, recs: Sequence[AttemptRecord]) -> list[bool]: ...
+    async def record_attempts(
+        self, recs: Sequence[AttemptRecord], *, disable_after_failing_seconds: float = 0.0
+    ) -> list[bool]: ...
 
 
 class BatchedDeliveries:
@@ -32,11 +35,15 @@ class BatchedDeliveries:
     crossing and one statement per batch instead of per message. Run ``run()`` alongside the
     worker tasks; an attempt batch that has started is always finished (shielded, bounded)."""
 
-    def __init__(self, store: BatchStore, *, max_batch: int = 256) -> None:
+    def __init__(
+        self, store: BatchStore, *, max_batch: int = 256, disable_after_failing_seconds: float = 0.0
+    ) -> None:
         self._states = Batcher(store.delivery_states, max_batch=max_batch, closed=_stopped)
         self._records = Batcher(
-            store.record_attempts, max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS,
-            closed=_stopped,
+            functools.partial(
+                store.record_attempts, disable_after_failing_seconds=disable_after_failing_seconds
+            ),
+            max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS, closed=_stopped,
         )  # fmt: skip
 
     async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:

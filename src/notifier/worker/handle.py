@@ -26,6 +26,7 @@ from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.metrics import Metrics, seconds_between
 from notifier.observability import Reporter, SentryReporter
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
@@ -72,6 +73,7 @@ class Handler:
         timeout_seconds: float,
         policy: RetryPolicy,
         reporter: Reporter | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
         self._adapter = adapter
@@ -81,6 +83,9 @@ class Handler:
         self._policy = policy
         self._reporter = reporter or SentryReporter()
         self._type = adapter.channel_type
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.start_channel_type(self._type)
 
     async def handle(self, incoming: Incoming) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
@@ -134,6 +139,7 @@ class Handler:
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
             try:
                 await self._store.record_attempt(record)
+                self._count_attempt(message, "panic", "DEAD", None)
             except Exception:
                 log.exception("delivery %s: recording the panic failed", message.delivery_id)
 
@@ -141,12 +147,22 @@ class Handler:
         state = await self._store.delivery_state(message.delivery_id)
         if state is None or state.status in TERMINAL_STATUSES or state.attempt >= message.attempt:
             # Deleted, already finished, or a copy of an attempt that was already made.
-            log.debug("delivery %s attempt %d: duplicate, acked", message.delivery_id,
-                      message.attempt)  # fmt: skip
+            log.debug(
+                "delivery %s attempt %d: duplicate, acked", message.delivery_id, message.attempt,
+                extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
+            )  # fmt: skip
             return Settle.ACK
         started_at = datetime.now(UTC)
         t0 = time.perf_counter()
-        attempted = await self._attempt(message)
+        if state.channel_state != "enabled":
+            # A disabled or deleted channel is not attempted: the delivery ends DEAD saying
+            # why, and can be replayed once the channel is enabled again.
+            reason = f": {state.channel_reason}" if state.channel_reason else ""
+            attempted = Attempted(
+                result=Result.PERMANENT, error=f"channel {state.channel_state}{reason}"
+            )
+        else:
+            attempted = await self._attempt(message)
         duration_ms = int((time.perf_counter() - t0) * 1000)
         now = datetime.now(UTC)
         if attempted.rate_limit_wait is not None:
@@ -172,8 +188,11 @@ class Handler:
         # The attempt happened: carry the decision out even while shutting down (bounded).
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
             return await self._carry_out(message, decision, record, attempted)
-        log.warning("delivery %s attempt %d: settling timed out; requeueing",
-                    message.delivery_id, message.attempt)  # fmt: skip
+        log.warning(
+            "delivery %s attempt %d: settling timed out; requeueing",
+            message.delivery_id, message.attempt,
+            extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
+        )  # fmt: skip
         return Settle.REQUEUE
 
     async def _attempt(self, message: WorkerMessage) -> Attempted:
@@ -214,6 +233,23 @@ class Handler:
             response_excerpt=receipt.response_excerpt,
         )  # fmt: skip
 
+    def _count_attempt(
+        self, message: WorkerMessage, outcome: str, status: str | None, duration_ms: int | None
+    ) -> None:
+        """Metrics of an attempt that was recorded (in-process counters, no I/O).
+        ``duration_ms`` is None when no adapter call was made."""
+        m = self._metrics
+        if m is None:
+            return
+        m.delivery_attempts.labels(self._type, outcome).inc()
+        if duration_ms is not None and outcome != "rate_limited":  # rate limited: no call
+            m.delivery_attempt_duration.labels(self._type).observe(duration_ms / 1000)
+        if status == "DEAD":
+            m.deliveries_dead.labels(self._type).inc()
+        elif status == "DELIVERED":
+            latency = seconds_between(message.created_at, datetime.now(UTC))
+            m.delivery_latency.labels(self._type).observe(latency)
+
     async def _carry_out(
         self, message: WorkerMessage, decision: Decision, record: AttemptRecord,
         attempted: Attempted,
@@ -235,6 +271,7 @@ class Handler:
                 log.warning(
                     "delivery %s attempt %d: publishing the retry to %s failed (%s); requeueing",
                     message.delivery_id, message.attempt, queue, why,
+                    extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
                 )  # fmt: skip
                 return Settle.REQUEUE
         try:
@@ -245,9 +282,19 @@ class Handler:
                 message.delivery_id, message.attempt, decision.outcome, exc,
             )  # fmt: skip
             return Settle.REQUEUE
+        self._count_attempt(message, decision.outcome, decision.status, record.duration_ms)
         log.info(
             "delivery %s attempt %d: %s%s", message.delivery_id, message.attempt,
             decision.outcome, f" ({attempted.error})" if attempted.error else "",
+            extra={
+                "delivery_id": str(message.delivery_id),
+                "event_id": str(message.event_id),
+                "channel_id": str(message.channel_id),
+                "tenant_id": str(message.tenant_id),
+                "channel_type": message.channel_type,
+                "attempt": message.attempt,
+                "outcome": decision.outcome,
+            },
         )  # fmt: skip
         if decision.status == "DEAD":
             self._reporter.report(

@@ -1,0 +1,115 @@
+"""The maintenance task (``--role maintenance``): what keeps Postgres, the source of truth, and
+the transport in step over time.
+
+Every ``interval_seconds`` one pass:
+
+- **reconciler**: deliveries ``PENDING``/``RETRYING`` well past their due time with no outbox
+  row are enqueued again through the outbox. Their message was lost on the way (a deleted
+  queue, a broker that lost its data, a message dead-lettered by the delivery limit); a copy
+  that was merely slow is deduplicated by the worker (by the delivery's state), so the worst
+  case of a false alarm is one extra delivery, never a lost one.
+- **retention**: events older than ``retention_days`` whose deliveries are all finished are
+  deleted with their deliveries and attempts, in small batches (one short transaction each).
+- **outbox hygiene**: outbox rows whose delivery is finished or gone are deleted; rows the
+  broker keeps refusing are reported.
+
+Several processes may run it at once: every statement claims its rows ``SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Protocol
+
+import msgspec
+import trio
+
+from notifier.config import MaintenanceConfig
+from notifier.lifecycle import Stop
+
+log = logging.getLogger("notifier.maintenance")
+
+# Per pass, at most this many batches of each kind: one pass never runs for long, the next one
+# goes on where it stopped.
+MAX_BATCHES_PER_PASS = 20
+# An outbox row refused this many times (about a minute of backoff) is worth a warning.
+REFUSED_WARNING_AFTER = 6
+
+
+class MaintenanceStore(Protocol):
+    async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]: ...
+
+    async def delete_expired(self, *, retention_days: int, limit: int) -> int: ...
+
+    async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]: ...
+
+
+class PassResult(msgspec.Struct, kw_only=True):
+    """What one maintenance pass did."""
+
+    reenqueued: int = 0
+    expired: int = 0
+    outbox_cleaned: int = 0
+    outbox_refused: int = 0
+
+
+async def maintenance_pass(
+    config: MaintenanceConfig, store: MaintenanceStore, stop: Stop | None = None
+) -> PassResult:
+    """Trio-flavoured. One pass of reconciler, retention and outbox hygiene."""
+    result = PassResult()
+    size = config.batch_size
+
+    def stopping() -> bool:
+        return stop is not None and stop.is_set()
+
+    for _ in range(MAX_BATCHES_PER_PASS):
+        ids = await store.reconcile(stuck_after_seconds=config.stuck_after_seconds, limit=size)
+        result.reenqueued += len(ids)
+        if len(ids) < size or stopping():
+            break
+    if result.reenqueued:
+        log.warning(
+            "reconciler: %d stuck deliveries (due over %g s ago, no message in the outbox) "
+            "enqueued again", result.reenqueued, config.stuck_after_seconds,
+        )  # fmt: skip
+    if config.retention_days > 0:
+        for _ in range(MAX_BATCHES_PER_PASS):
+            if stopping():
+                break
+            deleted = await store.delete_expired(retention_days=config.retention_days, limit=size)
+            result.expired += deleted
+            if deleted < size:
+                break
+        if result.expired:
+            log.info("retention: deleted %d events older than %d days",
+                     result.expired, config.retention_days)  # fmt: skip
+    result.outbox_cleaned, result.outbox_refused = await store.clean_outbox(
+        limit=size, refused_after=REFUSED_WARNING_AFTER
+    )
+    if result.outbox_cleaned:
+        log.info("outbox: deleted %d rows of finished or deleted deliveries", result.outbox_cleaned)
+    if result.outbox_refused:
+        log.warning(
+            "outbox: %d rows refused by the broker %d times or more (is their channel type "
+            "enabled in some [workers.<type>]?)", result.outbox_refused, REFUSED_WARNING_AFTER,
+        )  # fmt: skip
+    return result
+
+
+async def run_maintenance(
+    config: MaintenanceConfig,
+    store: MaintenanceStore,
+    stop: Stop,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. A pass every ``interval_seconds`` until ``stop``; a pass in progress
+    finishes its current statement (each is one short transaction). Store failures propagate,
+    so the supervisor restarts the task with backoff."""
+    task_status.started()
+    while not stop.is_set():
+        await maintenance_pass(config, store, stop)
+        with stop.intake():
+            await trio.sleep(config.interval_seconds)

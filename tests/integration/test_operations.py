@@ -1,0 +1,407 @@
+"""Operations against the real Postgres and RabbitMQ: replay (one delivery and by filter),
+channel health (automatic disabling, re-enabling), the reconciler delivering what the broker
+lost, retention, outbox hygiene and the per-key ingest rate limit."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import trio
+
+from notifier.adapters.webhook import generate_secret
+from notifier.config import Config
+from notifier.maintenance import maintenance_pass
+from notifier.messages import decode_message
+from notifier.store import Store, open_store
+from notifier.store.rows import AttemptRecord
+from notifier.testing import Received, open_sink
+from tests.integration.conftest import (
+    count_rows,
+    create_tenant,
+    delivery,
+    make_config,
+    outcomes,
+    poll,
+    queue_depths,
+    rabbitmqctl,
+    run_notifier,
+    scalar,
+    sql,
+    verify_all,
+    wait_status,
+)
+
+SECRET = generate_secret()
+RETRY = {"base_seconds": 1, "max_seconds": 30, "tiers_seconds": [1, 2, 5, 30]}
+
+
+async def create_channel(api: httpx.AsyncClient, url: str, **fields: Any) -> str:
+    body = {"type": "webhook", "config": {"url": url, "secret": SECRET}, **fields}
+    resp = await api.post("/v1/channels", json=body)
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["id"])
+
+
+async def post_event(
+    api: httpx.AsyncClient, type: str = "order.created", **fields: Any
+) -> list[str]:
+    resp = await api.post("/v1/events", json={"type": type, "payload": {"n": 1}, **fields})
+    assert resp.status_code == 202, resp.text
+    return [d["id"] for d in resp.json()["deliveries"]]
+
+
+class Answers:
+    """A sink responder whose status can be changed while it runs."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def __call__(self, _: Received) -> tuple[int, dict[str, str], bytes]:
+        return self.status, {}, b"answer"
+
+
+@asynccontextmanager
+async def connected(database_url: str) -> AsyncIterator[Store]:
+    async with open_store(database_url, max_size=2) as store:
+        yield store
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+async def test_a_replayed_dead_delivery_is_delivered_with_a_fresh_budget(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url, retry=RETRY)
+    key = await create_tenant(database_url)
+    receiver = Answers(500)
+    async with (
+        open_sink(receiver) as sink,
+        run_notifier(config) as running,
+        running.client(key) as api,
+    ):
+        await create_channel(api, sink.url, max_attempts=1)
+        (delivery_id,) = await post_event(api)
+        with trio.fail_after(20):
+            await wait_status(database_url, delivery_id, "DEAD")
+        receiver.status = 200  # the receiver is fixed; the operator replays
+
+        resp = await api.post(f"/v1/deliveries/{delivery_id}/retry")
+        assert resp.status_code == 202, resp.text
+        replayed = resp.json()
+        assert (replayed["status"], replayed["attempt"], replayed["last_error"]) == (
+            "PENDING", 0, None
+        )  # fmt: skip
+        assert [a["outcome"] for a in replayed["attempts"]] == ["dead", "replayed"]
+        with trio.fail_after(20):
+            await wait_status(database_url, delivery_id, "DELIVERED")
+        after = (await api.get(f"/v1/deliveries/{delivery_id}")).json()
+    assert after["attempt"] == 1
+    assert await outcomes(database_url, delivery_id) == [
+        (1, "dead"),
+        (1, "replayed"),
+        (1, "delivered"),
+    ]
+    assert [r.headers["webhook-id"] for r in sink.received] == [delivery_id, delivery_id]
+    verify_all(sink.received, SECRET)
+    assert await scalar(database_url, "SELECT count(*) FROM outbox") == 0
+
+
+async def test_replaying_one_delivery_is_refused_with_the_reason(
+    database_url: str, broker_url: str
+) -> None:
+    # Only ingest runs: deliveries stay where the test puts them.
+    config = make_config(database_url, broker_url)
+    key, other = await create_tenant(database_url), await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        channel_id = await create_channel(api, "http://127.0.0.1:9/hook")
+        (pending,) = await post_event(api)
+        (dead,) = await post_event(api)
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD' WHERE id = $1",
+                  uuid.UUID(dead))  # fmt: skip
+        before = await count_rows(database_url)
+
+        resp = await api.post(f"/v1/deliveries/{pending}/retry")
+        assert (resp.status_code, resp.json()["error"]["code"]) == (409, "not_replayable")
+        assert "PENDING" in resp.json()["error"]["message"]
+
+        resp = await api.post(f"/v1/deliveries/{uuid.uuid4()}/retry")
+        assert (resp.status_code, resp.json()["error"]["code"]) == (404, "not_found")
+        async with running.client(other) as api_b:
+            resp = await api_b.post(f"/v1/deliveries/{dead}/retry")
+            assert resp.status_code == 404  # another tenant's delivery
+
+        resp = await api.post(f"/v1/deliveries/{dead}/retry", json={"x": 1})
+        assert resp.status_code == 422
+
+        await api.patch(f"/v1/channels/{channel_id}", json={"enabled": False})
+        resp = await api.post(f"/v1/deliveries/{dead}/retry")
+        assert resp.status_code == 409
+        assert "disabled; enable it first" in resp.json()["error"]["message"]
+        assert await count_rows(database_url) == before  # nothing was written
+
+        await api.patch(f"/v1/channels/{channel_id}", json={"enabled": True})
+        resp = await api.post(f"/v1/deliveries/{dead}/retry")
+        assert resp.status_code == 202, resp.text
+        await api.delete(f"/v1/channels/{channel_id}")
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD' WHERE id = $1",
+                  uuid.UUID(dead))  # fmt: skip
+        resp = await api.post(f"/v1/deliveries/{dead}/retry")
+        assert resp.status_code == 409
+        assert "deleted" in resp.json()["error"]["message"]
+
+
+async def test_replay_by_filter_enqueues_the_matching_deliveries_with_the_current_config(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        first = await create_channel(api, "http://127.0.0.1:9/a")
+        second = await create_channel(api, "http://127.0.0.1:9/b")
+        for type in ("order.created", "order.paid", "user.signup"):
+            await post_event(api, type=type)
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD', attempt = 5")
+        await sql(database_url, "DELETE FROM outbox")
+        # the operator fixes the first channel's receiver, then replays its dead deliveries
+        resp = await api.patch(f"/v1/channels/{first}", json={
+            "config": {"url": "http://127.0.0.1:9/fixed"}})  # fmt: skip
+        assert resp.status_code == 200, resp.text
+
+        async def replay(**body: Any) -> dict[str, Any]:
+            resp = await api.post("/v1/deliveries/retry", json=body)
+            assert resp.status_code == 202, resp.text
+            return dict(resp.json())
+
+        assert await replay(channel_id=first, event_type="order.*", limit=1) == {
+            "queued": 1, "more": True}  # fmt: skip
+        assert await replay(channel_id=first, event_type="order.*") == {"queued": 1, "more": False}
+        assert await replay(status="DELIVERED") == {"queued": 0, "more": False}
+        past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+        assert await replay(created_before=past) == {"queued": 0, "more": False}
+
+        rows = await sql(database_url, "SELECT body FROM outbox ORDER BY id")
+        messages = [decode_message(r["body"]) for r in rows]
+        assert [(str(m.channel_id), m.event_type) for m in messages] == [
+            (first, "order.created"), (first, "order.paid")]  # fmt: skip
+        assert {m.attempt for m in messages} == {1}
+        assert {m.channel_config["url"] for m in messages} == {"http://127.0.0.1:9/fixed"}
+        assert {m.channel_config["secret"] for m in messages} == {SECRET}
+        states = await sql(database_url, "SELECT channel_id, status, attempt FROM deliveries")
+        assert sorted((str(r[0]) == first, r[1], r[2]) for r in states) == [
+            (False, "DEAD", 5), (False, "DEAD", 5), (False, "DEAD", 5),
+            (True, "DEAD", 5), (True, "PENDING", 0), (True, "PENDING", 0)]  # fmt: skip
+
+        assert await replay(channel_id=second, limit=1000) == {"queued": 3, "more": False}
+        resp = await api.post("/v1/deliveries/retry", json={"status": "PENDING"})
+        assert resp.status_code == 422
+        resp = await api.post("/v1/deliveries/retry", json={"limit": 0})
+        assert resp.status_code == 422
+
+
+# -- channel health -----------------------------------------------------------------------------
+
+
+def attempt(delivery_id: str, outcome: str, at: datetime) -> AttemptRecord:
+    status = {"delivered": "DELIVERED", "retry": "RETRYING", "dead": "DEAD"}[outcome]
+    return AttemptRecord(
+        delivery_id=uuid.UUID(delivery_id), attempt=1, status=status, outcome=outcome,
+        started_at=at, duration_ms=5, error=None if outcome == "delivered" else "HTTP 500",
+    )  # fmt: skip
+
+
+async def test_channel_health_counts_failures_and_disables_a_channel_failing_too_long(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    now = datetime.now(UTC)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        failing = await create_channel(api, "http://127.0.0.1:9/a", event_types=["a"])
+        flaky = await create_channel(api, "http://127.0.0.1:9/b", event_types=["b"])
+        a = [(await post_event(api, type="a"))[0] for _ in range(3)]
+        b = [(await post_event(api, type="b"))[0] for _ in range(3)]
+        async with connected(database_url) as store:
+            window = 60.0
+            # an hour-old failure while automatic disabling is off (0): counted, nothing more
+            await store.record_attempts(
+                [attempt(a[0], "retry", now - timedelta(hours=1))], disable_after_failing_seconds=0
+            )
+            channel = (await api.get(f"/v1/channels/{failing}")).json()
+            assert channel["enabled"] is True
+            assert channel["health"]["consecutive_failures"] == 1
+            # more failures with a 60 s window: failing for an hour without a success
+            await store.record_attempts(
+                [attempt(a[1], "retry", now), attempt(a[2], "dead", now)],
+                disable_after_failing_seconds=window,
+            )
+            # failure, success, failure (one batch, in time order): one failure since the success
+            await store.record_attempts(
+                [attempt(b[0], "retry", now - timedelta(hours=2)),
+                 attempt(b[1], "delivered", now - timedelta(hours=1)),
+                 attempt(b[2], "retry", now)],
+                disable_after_failing_seconds=window,
+            )  # fmt: skip
+
+        channel = (await api.get(f"/v1/channels/{failing}")).json()
+        assert channel["enabled"] is False
+        assert channel["disabled_reason"].startswith("failing without a success since ")
+        assert "(3 consecutive failures)" in channel["disabled_reason"]
+        assert channel["health"]["consecutive_failures"] == 3
+        assert channel["health"]["last_success_at"] is None
+        other = (await api.get(f"/v1/channels/{flaky}")).json()
+        assert other["enabled"] is True
+        assert other["health"]["consecutive_failures"] == 1
+        assert other["health"]["last_success_at"] is not None
+        assert datetime.fromisoformat(other["health"]["failing_since"]) == now
+
+        resp = await api.patch(f"/v1/channels/{failing}", json={"enabled": True})
+        health = resp.json()["health"]
+        assert (resp.json()["disabled_reason"], health["consecutive_failures"]) == (None, 0)
+        assert health["failing_since"] is None
+
+
+async def test_deliveries_of_a_channel_disabled_for_failing_end_dead_without_an_attempt(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(
+        database_url, broker_url, retry=RETRY, channel_health={"disable_after_failing_seconds": 1}
+    )
+    key = await create_tenant(database_url)
+    async with (
+        open_sink(Answers(500)) as sink,
+        run_notifier(config) as running,
+        running.client(key) as api,
+    ):
+        channel_id = await create_channel(api, sink.url, max_attempts=10)
+        (delivery_id,) = await post_event(api)
+        with trio.fail_after(30):
+            await wait_status(database_url, delivery_id, "DEAD")
+        channel = (await api.get(f"/v1/channels/{channel_id}")).json()
+    assert channel["enabled"] is False
+    assert channel["disabled_reason"].startswith("failing without a success since")
+    final = await delivery(database_url, delivery_id)
+    assert final["last_error"].startswith("channel disabled: failing without a success since")
+    made = await outcomes(database_url, delivery_id)
+    # the attempts that reached the receiver failed; the one after the channel was disabled
+    # ended the delivery without reaching it
+    assert made[-1][1] == "dead"
+    assert [o for _, o in made[:-1]] == ["retry"] * (len(made) - 1)
+    assert len(sink.received) == len(made) - 1 >= 2
+
+
+# -- maintenance --------------------------------------------------------------------------------
+
+
+async def test_the_reconciler_delivers_what_the_broker_lost(
+    database_url: str, broker_url: str, vhost: str
+) -> None:
+    events = 20
+    key = await create_tenant(database_url)
+    async with open_sink() as sink:
+        # 1. Accepted and relayed, but no worker runs: the messages wait in the main queue.
+        config = make_config(database_url, broker_url)
+        async with run_notifier(config, ("ingest", "relay")) as running, running.client(key) as api:
+            await create_channel(api, sink.url)
+            for _ in range(events):
+                await post_event(api)
+
+            async def relayed() -> bool:
+                outbox = await scalar(database_url, "SELECT count(*) FROM outbox")
+                return outbox == 0 and queue_depths(vhost).get("deliveries.webhook") == events
+
+            with trio.fail_after(20):
+                await poll(relayed)
+        # 2. The queue is deleted with everything in it.
+        rabbitmqctl("delete_queue", "-p", vhost, "deliveries.webhook")
+        # 3. The service comes back (the workers declare the queue again, empty); the
+        # reconciler finds the deliveries that are stuck and enqueues them again.
+        config = make_config(
+            database_url, broker_url,
+            maintenance={"interval_seconds": 0.5, "stuck_after_seconds": 1},
+        )  # fmt: skip
+        async with run_notifier(config):
+            with trio.fail_after(30):
+                await sink.wait_for(events)
+
+            async def all_delivered() -> bool:
+                return (
+                    await scalar(
+                        database_url, "SELECT count(*) FROM deliveries WHERE status = 'DELIVERED'"
+                    )
+                    == events
+                )
+
+            with trio.fail_after(20):
+                await poll(all_delivered)
+    assert len({r.headers["webhook-id"] for r in sink.received}) == events
+    verify_all(sink.received, SECRET)
+
+
+async def test_retention_deletes_old_finished_events_only_and_hygiene_cleans_the_outbox(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url, maintenance={"retention_days": 30})
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/hook")
+        (old_done,) = await post_event(api)
+        (old_open,) = await post_event(api)
+        (new_done,) = await post_event(api)
+    for d in (old_done, new_done):
+        await sql(database_url, "UPDATE deliveries SET status = 'DELIVERED' WHERE id = $1",
+                  uuid.UUID(d))  # fmt: skip
+    await sql(
+        database_url,
+        """
+        INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome)
+        SELECT id, 1, now(), 1, 'delivered' FROM deliveries WHERE status = 'DELIVERED'""",
+    )
+    for d in (old_done, old_open):
+        await sql(database_url, """UPDATE events SET created_at = now() - interval '31 days'
+                                   WHERE id = (SELECT event_id FROM deliveries WHERE id = $1)""",
+                  uuid.UUID(d))  # fmt: skip
+    await sql(database_url, "UPDATE outbox SET created_at = now() - interval '2 minutes'")
+
+    async with connected(database_url) as store:
+        result = await maintenance_pass(config.maintenance, store)
+    assert (result.expired, result.reenqueued) == (1, 0)
+    remaining = {str(r[0]) for r in await sql(database_url, "SELECT id FROM deliveries")}
+    assert remaining == {old_open, new_done}  # old but unfinished is kept
+    assert await scalar(database_url, "SELECT count(*) FROM delivery_attempts") == 1
+    # the outbox rows of the deleted and of the finished delivery are gone; the open one stays
+    assert result.outbox_cleaned == 2
+    kept = [str(r[0]) for r in await sql(database_url, "SELECT delivery_id FROM outbox")]
+    assert kept == [old_open]
+
+
+# -- ingest rate limit ----------------------------------------------------------------------------
+
+
+async def test_the_ingest_rate_limit_is_per_key_and_writes_nothing_when_it_refuses(
+    database_url: str, broker_url: str
+) -> None:
+    config: Config = make_config(
+        database_url, broker_url, ingest={"rate_limit_per_second": 0.01, "rate_limit_burst": 3}
+    )
+    key, other = await create_tenant(database_url), await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/hook")
+        await post_event(api)
+        batch = {"events": [{"type": "a", "payload": {}}, {"type": "b", "payload": {}}]}
+        assert (await api.post("/v1/events/batch", json=batch)).status_code == 202
+        before = await count_rows(database_url)
+        resp = await api.post("/v1/events", json={"type": "a", "payload": {}})
+        assert resp.status_code == 429
+        assert resp.json()["error"]["code"] == "rate_limited"
+        assert resp.headers["Retry-After"] == "100"  # one event back every 100 s
+        assert await count_rows(database_url) == before
+        assert (await api.get("/v1/channels")).status_code == 200  # reads are not limited
+        async with running.client(other) as api_b:
+            resp = await api_b.post("/v1/events", json={"type": "a", "payload": {}})
+            assert resp.status_code == 202  # another key has its own budget

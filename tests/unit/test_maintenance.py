@@ -1,0 +1,71 @@
+"""The maintenance loop over an in-memory store, on trio's MockClock: a pass every interval,
+batches until a short one, retention off at 0, a prompt stop."""
+
+from __future__ import annotations
+
+import uuid
+
+import trio
+import trio.testing
+
+from notifier.config import MaintenanceConfig
+from notifier.lifecycle import Stop
+from notifier.maintenance import MAX_BATCHES_PER_PASS, maintenance_pass, run_maintenance
+
+
+class FakeStore:
+    """Answers each call from a script of batch sizes and records when it was called."""
+
+    def __init__(self, stuck: list[int] | None = None, expired: list[int] | None = None) -> None:
+        self.stuck = list(stuck or [])
+        self.expired = list(expired or [])
+        self.calls: list[tuple[str, float]] = []
+
+    async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("reconcile", trio.current_time()))
+        n = self.stuck.pop(0) if self.stuck else 0
+        return [uuid.uuid4() for _ in range(min(n, limit))]
+
+    async def delete_expired(self, *, retention_days: int, limit: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("retention", trio.current_time()))
+        return min(self.expired.pop(0) if self.expired else 0, limit)
+
+    async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("outbox", trio.current_time()))
+        return 0, 0
+
+
+def config(**fields: object) -> MaintenanceConfig:
+    return MaintenanceConfig(**{"interval_seconds": 30.0, "batch_size": 10, **fields})  # type: ignore[arg-type]
+
+
+async def test_a_pass_takes_batches_until_a_short_one() -> None:
+    store = FakeStore(stuck=[10, 10, 3], expired=[10, 4])
+    result = await maintenance_pass(config(), store)
+    assert (result.reenqueued, result.expired) == (23, 14)
+    kinds = [kind for kind, _ in store.calls]
+    assert kinds == ["reconcile"] * 3 + ["retention"] * 2 + ["outbox"]
+
+
+async def test_a_pass_is_bounded_even_when_every_batch_is_full() -> None:
+    store = FakeStore(stuck=[10] * 100)
+    result = await maintenance_pass(config(retention_days=0), store)
+    assert result.reenqueued == 10 * MAX_BATCHES_PER_PASS
+    assert "retention" not in [kind for kind, _ in store.calls]  # retention_days = 0: off
+
+
+async def test_passes_run_every_interval_and_a_stop_ends_the_wait(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    stop = Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_maintenance, config(), store, stop)
+        await trio.sleep(95)
+        stop.set()
+    starts = [at for kind, at in store.calls if kind == "reconcile"]
+    assert starts == [0.0, 30.0, 60.0, 90.0]
+    assert trio.current_time() == 95.0  # the stop did not wait for the next pass
