@@ -98,7 +98,9 @@ async def run(
                         app, config.ingest.bind, stop,
                     )  # fmt: skip
                     if config.amqp_ingest.enabled:
-                        amqp_ingest = functools.partial(run_amqp_ingest, config, store, stop)
+                        amqp_ingest = functools.partial(
+                            run_amqp_ingest, config, store, stop, metrics=metrics
+                        )
                         await services.start(supervise, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
                     relay = functools.partial(run_relay, config, store, stop, metrics=metrics)

@@ -29,6 +29,7 @@ from notifier.ingest.amqp_messages import (
     parse_message,
 )
 from notifier.lifecycle import Stop
+from notifier.metrics import Metrics
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import Event, IngestResult, NewEvent
 from notifier.testing import MemoryBroker
@@ -311,7 +312,10 @@ class Setup:
         self.broker = broker or RoundsBroker()
         self.broker.declare(ingest_topology(QUEUE, DLQ, "quorum"))
         self.stop = Stop()
-        self.ingest = AmqpIngest(make_config(**amqp_ingest), self.store, self.broker, self.stop)
+        self.metrics = Metrics()
+        self.ingest = AmqpIngest(
+            make_config(**amqp_ingest), self.store, self.broker, self.stop, self.metrics
+        )
         self.message = Messages()
 
     @property
@@ -356,6 +360,10 @@ async def test_one_transaction_for_the_good_and_the_dead_letter_queue_for_the_ba
     stats = s.ingest.statistics()
     assert (stats.batches, stats.transactions, stats.stored, stats.replays) == (1, 1, 3, 1)
     assert (stats.dead_lettered, stats.requeued) == (4, 0)
+    ingested = s.metrics.registry.get_sample_value(
+        "notifier_events_ingested_total", {"source": "amqp"}
+    )
+    assert ingested == 3  # new events only: the replay and the refused are not counted
 
 
 async def test_postgres_unreachable_holds_the_batch_then_requeues_it(

@@ -43,6 +43,7 @@ from notifier.ingest.amqp_messages import (
 )
 from notifier.ingest.events import max_attempts_by_type
 from notifier.lifecycle import Stop
+from notifier.metrics import Metrics
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import IngestResult, NewEvent
 
@@ -126,7 +127,12 @@ class AmqpIngest:
     docstring). ``run_amqp_ingest`` builds one over RabbitMQ; tests pass fakes."""
 
     def __init__(
-        self, config: Config, store: IngestStore, publisher: Publisher, stop: Stop
+        self,
+        config: Config,
+        store: IngestStore,
+        publisher: Publisher,
+        stop: Stop,
+        metrics: Metrics | None = None,
     ) -> None:
         cfg = config.amqp_ingest
         self._cfg = cfg
@@ -137,6 +143,7 @@ class AmqpIngest:
         self._tenants = TenantCache(store.tenant_ids_by_names)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()
+        self._ingested = (metrics or Metrics()).events_ingested.labels(source="amqp")
 
     def statistics(self) -> AmqpIngestStatistics:
         """A snapshot of the counters."""
@@ -267,6 +274,7 @@ class AmqpIngest:
                 stored.append(m)
                 if outcome.created:
                     self._stats.stored += 1
+                    self._ingested.inc()
                 else:
                     self._stats.replays += 1
             elif isinstance(outcome, IdempotencyConflict):
@@ -350,6 +358,7 @@ async def run_amqp_ingest(
     store: IngestStore,
     stop: Stop,
     *,
+    metrics: Metrics | None = None,
     task_status: trio.TaskStatus[AmqpIngest] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Consume ``[amqp_ingest] queue`` until ``stop``; ``task_status`` gets
@@ -375,7 +384,7 @@ async def run_amqp_ingest(
             conn.open_consumer(cfg.queue, cfg.prefetch) as consumer,
             trio.open_nursery() as nursery,
         ):
-            ingest = AmqpIngest(config, store, publisher, stop)
+            ingest = AmqpIngest(config, store, publisher, stop, metrics)
             lost: list[str] = []
 
             async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:

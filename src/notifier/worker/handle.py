@@ -61,6 +61,7 @@ class Attempted(msgspec.Struct, kw_only=True):
     rate_limit_wait: float | None = None
     disable_channel: bool = False
     exc: BaseException | None = None
+    called: bool = True  # False: the adapter was not called (the channel is not enabled)
 
 
 class Handler:
@@ -159,8 +160,9 @@ class Handler:
             # why, and can be replayed once the channel is enabled again.
             reason = f": {state.channel_reason}" if state.channel_reason else ""
             attempted = Attempted(
-                result=Result.PERMANENT, error=f"channel {state.channel_state}{reason}"
-            )
+                result=Result.PERMANENT, error=f"channel {state.channel_state}{reason}",
+                called=False,
+            )  # fmt: skip
         else:
             attempted = await self._attempt(message)
         duration_ms = int((time.perf_counter() - t0) * 1000)
@@ -282,7 +284,8 @@ class Handler:
                 message.delivery_id, message.attempt, decision.outcome, exc,
             )  # fmt: skip
             return Settle.REQUEUE
-        self._count_attempt(message, decision.outcome, decision.status, record.duration_ms)
+        duration_ms = record.duration_ms if attempted.called else None
+        self._count_attempt(message, decision.outcome, decision.status, duration_ms)
         log.info(
             "delivery %s attempt %d: %s%s", message.delivery_id, message.attempt,
             decision.outcome, f" ({attempted.error})" if attempted.error else "",
