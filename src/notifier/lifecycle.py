@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -99,3 +99,21 @@ async def supervise(
         if stop.is_set():
             return
         delay = min(delay * 2, max_backoff_seconds)
+
+
+def watch_closing(
+    nursery: trio.Nursery, closings: Mapping[str, Callable[[], Awaitable[None]]]
+) -> list[str]:
+    """Cancel ``nursery`` as soon as one of ``closings`` returns (a connection or channel of a
+    component closed under it); the list returned names what closed, in order. The caller
+    raises when the list is not empty once the nursery is done."""
+    lost: list[str] = []
+
+    async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:
+        await closed()
+        lost.append(what)
+        nursery.cancel_scope.cancel()
+
+    for what, closed in closings.items():
+        nursery.start_soon(watch, what, closed)
+    return lost

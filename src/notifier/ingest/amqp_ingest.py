@@ -42,7 +42,7 @@ from notifier.ingest.amqp_messages import (
     parse_message,
 )
 from notifier.ingest.events import max_attempts_by_type
-from notifier.lifecycle import Stop
+from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import IngestResult, NewEvent
@@ -385,17 +385,12 @@ async def run_amqp_ingest(
             trio.open_nursery() as nursery,
         ):
             ingest = AmqpIngest(config, store, publisher, stop, metrics)
-            lost: list[str] = []
-
-            async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:
-                await closed()
-                lost.append(what)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch, "consuming connection", conn.wait_closed)
-            nursery.start_soon(watch, "consuming channel", consumer.wait_closed)
-            nursery.start_soon(watch, "dead-letter connection", publishing.wait_closed)
-            nursery.start_soon(watch, "dead-letter channel", publisher.wait_closed)
+            lost = watch_closing(nursery, {
+                "consuming connection": conn.wait_closed,
+                "consuming channel": consumer.wait_closed,
+                "dead-letter connection": publishing.wait_closed,
+                "dead-letter channel": publisher.wait_closed,
+            })  # fmt: skip
             task_status.started(ingest)
             log.info("amqp ingest: consuming %s (prefetch %d)", cfg.queue, cfg.prefetch)
             await ingest.run(consumer.receive)

@@ -4,7 +4,6 @@ retry publisher on an AMQP connection of its own (DESIGN §5, §10)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 
 import trio
@@ -17,7 +16,7 @@ from notifier.broker.base import Confirm, Incoming, Outgoing
 from notifier.broker.topology import build_topology, main_queue
 from notifier.config import Config, WorkerGroupConfig
 from notifier.errors import BrokerError
-from notifier.lifecycle import Stop
+from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.worker.decide import RetryPolicy
@@ -101,17 +100,12 @@ async def run_worker_group(
                 policy=retry_policy(config), reporter=reporter, metrics=metrics,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
-            lost: list[str] = []
-
-            async def watch(what: str, closed: Callable[[], Awaitable[None]]) -> None:
-                await closed()
-                lost.append(what)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch, "consuming connection", conn.wait_closed)
-            nursery.start_soon(watch, "consuming channel", consumer.wait_closed)
-            nursery.start_soon(watch, "retry connection", publishing.wait_closed)
-            nursery.start_soon(watch, "retry channel", publisher.wait_closed)
+            lost = watch_closing(nursery, {
+                "consuming connection": conn.wait_closed,
+                "consuming channel": consumer.wait_closed,
+                "retry connection": publishing.wait_closed,
+                "retry channel": publisher.wait_closed,
+            })  # fmt: skip
             nursery.start_soon(deliveries.run)
             nursery.start_soon(retries.run)
             task_status.started()
