@@ -11,14 +11,14 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from notifier.adapters.base import (
     Adapter,
@@ -30,8 +30,28 @@ from notifier.adapters.base import (
 from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.config import Config
 from notifier.errors import StoreUnavailable, UnstorableText
+from notifier.ingest import jsonguard
 from notifier.ingest.events import max_attempts_by_type, new_event
 from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, ReplayIn
+from notifier.ingest.openapi import build_openapi
+from notifier.ingest.views import (
+    AttemptView,
+    ChannelHealth,
+    ChannelPage,
+    ChannelView,
+    DeliveryDetail,
+    DeliveryPage,
+    DeliveryRef,
+    DeliveryView,
+    ErrorBody,
+    ErrorDetail,
+    EventBatch,
+    EventDetail,
+    EventView,
+    Health,
+    Readiness,
+    ReplayResult,
+)
 from notifier.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.pg import (
@@ -76,7 +96,7 @@ def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None
 def _error(
     status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return _json({"error": {"code": code, "message": message}}, status, headers)
+    return _json(ErrorBody(error=ErrorDetail(code=code, message=message)), status, headers)
 
 
 def _encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
@@ -86,54 +106,82 @@ def _encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(at), uuid.UUID(row_id)
-    except (ValueError, UnicodeDecodeError) as exc:
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError("the API's cursors carry the offset of their time")
+        # Postgres gets it in UTC: 0001-01-01T00:00+14:00 would overflow there.
+        return when.astimezone(UTC), uuid.UUID(row_id)
+    except (ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise ApiError(422, "invalid_cursor", "cursor is not valid") from exc
+
+
+def _utc(field: str, value: datetime | None) -> datetime | None:
+    """``value`` in UTC, as Postgres compares it; 422 naming ``field`` if UTC cannot hold it
+    (``0001-01-01T00:00:00+14:00``)."""
+    try:
+        return None if value is None else value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ApiError(422, "validation_error", f"{field}: out of range in UTC") from exc
 
 
 def _channel_view(
     channel: Channel, adapter: Adapter | None, *, reveal: bool = False
-) -> dict[str, Any]:
-    return {
-        "id": channel.id,
-        "type": channel.type,
-        "name": channel.name,
-        "config": channel.config if reveal else public_config(adapter, channel.config),
-        "recipient": channel.recipient,
-        "event_types": channel.event_types,
-        "enabled": channel.enabled,
-        "disabled_reason": channel.disabled_reason,
-        "disabled_at": channel.disabled_at,
-        "health": {
-            "consecutive_failures": channel.consecutive_failures,
-            "failing_since": channel.failing_since,
-            "last_success_at": channel.last_success_at,
-        },
-        "max_attempts": channel.max_attempts,
-        "created_at": channel.created_at,
-        "updated_at": channel.updated_at,
-    }
+) -> ChannelView:
+    return ChannelView(
+        id=channel.id,
+        type=channel.type,
+        name=channel.name,
+        config=channel.config if reveal else public_config(adapter, channel.config),
+        recipient=channel.recipient,
+        event_types=channel.event_types,
+        enabled=channel.enabled,
+        disabled_reason=channel.disabled_reason,
+        disabled_at=channel.disabled_at,
+        health=ChannelHealth(
+            consecutive_failures=channel.consecutive_failures,
+            failing_since=channel.failing_since,
+            last_success_at=channel.last_success_at,
+        ),
+        max_attempts=channel.max_attempts,
+        created_at=channel.created_at,
+        updated_at=channel.updated_at,
+    )
 
 
-def _event_view(event: Event, *, with_payload: bool = False) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "id": event.id,
-        "type": event.type,
-        "recipient": event.recipient,
-        "created_at": event.created_at,
-        "deliveries": event.deliveries,
-    }
-    if with_payload:
-        view["payload"] = event.payload
-        view["idempotency_key"] = event.idempotency_key
-    return view
+def _event_view(event: Event, *, with_payload: bool = False) -> EventView:
+    """The event; with its payload and idempotency key (``EventDetail``) when asked."""
+    view = EventView(
+        id=event.id, type=event.type, recipient=event.recipient, created_at=event.created_at,
+        deliveries=[
+            DeliveryRef(id=d.id, channel_id=d.channel_id, channel_type=d.channel_type,
+                        status=d.status)
+            for d in event.deliveries
+        ],
+    )  # fmt: skip
+    if not with_payload:
+        return view
+    return EventDetail(
+        **msgspec.structs.asdict(view), payload=event.payload,
+        idempotency_key=event.idempotency_key,
+    )  # fmt: skip
 
 
-def _delivery_view(d: Delivery) -> dict[str, Any]:
-    view = msgspec.structs.asdict(d)
+def _delivery_view(d: Delivery) -> DeliveryView:
+    """The delivery; with its attempts (``DeliveryDetail``) when the store read them."""
+    view = DeliveryView(
+        id=d.id, event_id=d.event_id, channel_id=d.channel_id, channel_type=d.channel_type,
+        status=d.status, attempt=d.attempt, max_attempts=d.max_attempts,
+        last_error=d.last_error, next_attempt_at=d.next_attempt_at,
+        delivered_at=d.delivered_at, created_at=d.created_at,
+    )  # fmt: skip
     if d.attempts is None:
-        del view["attempts"]
-    return view
+        return view
+    attempts = [
+        AttemptView(attempt=a.attempt, outcome=a.outcome, status_code=a.status_code,
+                    duration_ms=a.duration_ms, error=a.error, started_at=a.started_at)
+        for a in d.attempts
+    ]  # fmt: skip
+    return DeliveryDetail(**msgspec.structs.asdict(view), attempts=attempts)
 
 
 def _uuid_arg(name: str) -> uuid.UUID | None:
@@ -206,6 +254,12 @@ def create_app(
         data = await request.get_data(cache=False)
         assert isinstance(data, bytes)
         try:
+            jsonguard.check(data)  # depth, numbers, duplicate keys, NUL, lone surrogates
+        except jsonguard.JsonRefused as exc:
+            raise ApiError(422, "validation_error", str(exc)) from exc
+        except msgspec.DecodeError as exc:
+            raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
+        try:
             return msgspec.json.decode(data, type=kind)
         except msgspec.ValidationError as exc:
             # Typed decoding stops at the first misfit, so `[1, 2` or `{"x": ` would be a 422;
@@ -243,6 +297,18 @@ def create_app(
         except InvalidChannelConfig as exc:
             raise ApiError(422, "validation_error", str(exc)) from exc
 
+    @app.after_request
+    async def finish_reading_the_body(response: Response) -> Response:
+        """Read what is left of the request body before answering (an error such as 401, 404
+        or 405 answers without reading it), so the connection can carry the next request. A
+        body over ``max_body_bytes`` (or too slow to come) is not read: the answer closes the
+        connection instead."""
+        try:
+            await request.get_data(cache=False)
+        except (RequestEntityTooLarge, RequestTimeout):
+            response.headers["Connection"] = "close"
+        return response
+
     @app.errorhandler(ApiError)
     async def on_api_error(exc: ApiError) -> Response:
         return _error(exc.status, exc.code, exc.message, exc.headers)
@@ -279,7 +345,7 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return _json({"status": "ok"})
+        return _json(Health(status="ok"))
 
     @app.get("/readyz")
     async def readyz() -> Response:
@@ -296,8 +362,20 @@ def create_app(
             except Exception as exc:
                 checks["broker"] = f"unavailable: {exc}"
         ready = all(v == "ok" for v in checks.values())
-        return _json({"status": "ready" if ready else "unavailable", "checks": checks},
+        return _json(Readiness(status="ready" if ready else "unavailable", checks=checks),
                      200 if ready else 503)  # fmt: skip
+
+    openapi = msgspec.json.encode(
+        build_openapi(
+            channel_types=adapters, max_body_bytes=config.ingest.max_body_bytes,
+            max_batch_events=config.ingest.max_batch_events, max_page=MAX_PAGE,
+            default_page=DEFAULT_PAGE,
+        )
+    )  # fmt: skip
+
+    @app.get("/openapi.json")
+    async def openapi_document() -> Response:
+        return Response(openapi, content_type="application/json")
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -329,10 +407,10 @@ def create_app(
             after=_decode_cursor(cursor) if cursor else None, limit=limit + 1,
         )  # fmt: skip
         page, more = rows[:limit], len(rows) > limit
-        return _json({
-            "items": [_channel_view(c, adapters.get(c.type)) for c in page],
-            "next_cursor": _encode_cursor(page[-1].created_at, page[-1].id) if more else None,
-        })  # fmt: skip
+        return _json(ChannelPage(
+            items=[_channel_view(c, adapters.get(c.type)) for c in page],
+            next_cursor=_encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        ))  # fmt: skip
 
     @app.get("/v1/channels/<uuid:channel_id>")
     async def get_channel(channel_id: uuid.UUID) -> Response:
@@ -431,7 +509,7 @@ def create_app(
             )  # fmt: skip
         results = await ingest(tenant_id, [new_event(e, e.idempotency_key) for e in data.events])
         status = 202 if any(r.created for r in results) else 200
-        return _json({"events": [_event_view(r.event) for r in results]}, status)
+        return _json(EventBatch(events=[_event_view(r.event) for r in results]), status)
 
     @app.get("/v1/events/<uuid:event_id>")
     async def get_event(event_id: uuid.UUID) -> Response:
@@ -458,10 +536,10 @@ def create_app(
             limit=limit + 1,
         )  # fmt: skip
         page, more = rows[:limit], len(rows) > limit
-        return _json({
-            "items": [_delivery_view(d) for d in page],
-            "next_cursor": _encode_cursor(page[-1].created_at, page[-1].id) if more else None,
-        })  # fmt: skip
+        return _json(DeliveryPage(
+            items=[_delivery_view(d) for d in page],
+            next_cursor=_encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        ))  # fmt: skip
 
     @app.get("/v1/deliveries/<uuid:delivery_id>")
     async def get_delivery(delivery_id: uuid.UUID) -> Response:
@@ -495,9 +573,9 @@ def create_app(
         data = await body(ReplayIn)
         queued, more = await store.replay_deliveries(
             tenant_id, status=data.status, channel_id=data.channel_id, event_type=data.event_type,
-            created_after=data.created_after, created_before=data.created_before,
-            limit=data.limit,
+            created_after=_utc("created_after", data.created_after),
+            created_before=_utc("created_before", data.created_before), limit=data.limit,
         )  # fmt: skip
-        return _json({"queued": queued, "more": more}, 202)
+        return _json(ReplayResult(queued=queued, more=more), 202)
 
     return app

@@ -66,6 +66,8 @@ class BatchIn(_Body):
 
 ReplayStatus = Annotated[str, msgspec.Meta(pattern=r"^(DEAD|DELIVERED)$")]
 ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+# RFC 3339, with its offset: a time without one would depend on how Postgres reads it.
+Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
 class ReplayIn(_Body):
@@ -74,6 +76,6 @@ class ReplayIn(_Body):
     status: ReplayStatus = "DEAD"
     channel_id: uuid.UUID | None = None
     event_type: Pattern | None = None  # an exact type, 'prefix.*' or '*'
-    created_after: datetime | None = None
-    created_before: datetime | None = None
+    created_after: Timestamp | None = None
+    created_before: Timestamp | None = None
     limit: ReplayLimit = 100

@@ -1,0 +1,141 @@
+"""Response bodies of the HTTP API. The handlers build their answers from these structs and the
+OpenAPI document (``openapi.py``) is generated from them, so the two cannot disagree."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from notifier.store.rows import DELIVERY_STATUSES
+
+ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic", "replayed")
+
+# Every timestamp comes from a Postgres timestamptz, so it always carries its offset.
+Timestamp = Annotated[datetime, msgspec.Meta(extra_json_schema={"format": "date-time"})]
+DeliveryStatus = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(DELIVERY_STATUSES)})]
+Outcome = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ATTEMPT_OUTCOMES)})]
+
+
+class _View(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ErrorDetail(_View):
+    code: str
+    message: str
+
+
+class ErrorBody(_View):
+    """Every error answer: `{"error": {"code": ..., "message": ...}}`."""
+
+    error: ErrorDetail
+
+
+class ChannelHealth(_View):
+    consecutive_failures: int
+    failing_since: Timestamp | None
+    last_success_at: Timestamp | None
+
+
+class ChannelView(_View):
+    """A channel. `config` holds the secret fields only in the answer to its creation."""
+
+    id: uuid.UUID
+    type: str
+    name: str
+    config: dict[str, Any]
+    recipient: str | None
+    event_types: list[str]
+    enabled: bool
+    disabled_reason: str | None
+    disabled_at: Timestamp | None
+    health: ChannelHealth
+    max_attempts: int | None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ChannelPage(_View):
+    items: list[ChannelView]
+    next_cursor: str | None
+
+
+class DeliveryRef(_View):
+    id: uuid.UUID
+    channel_id: uuid.UUID
+    channel_type: str
+    status: DeliveryStatus
+
+
+class EventView(_View):
+    id: uuid.UUID
+    type: str
+    recipient: str | None
+    created_at: Timestamp
+    deliveries: list[DeliveryRef]
+
+
+class EventDetail(EventView):
+    payload: dict[str, Any]
+    idempotency_key: str | None
+
+
+class EventBatch(_View):
+    events: list[EventView]
+
+
+class AttemptView(_View):
+    attempt: int
+    outcome: Outcome
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+    started_at: Timestamp
+
+
+class DeliveryView(_View):
+    """A delivery; `attempt` is the number of attempts made so far."""
+
+    id: uuid.UUID
+    event_id: uuid.UUID
+    channel_id: uuid.UUID
+    channel_type: str
+    status: DeliveryStatus
+    attempt: int
+    max_attempts: int
+    last_error: str | None
+    next_attempt_at: Timestamp | None
+    delivered_at: Timestamp | None
+    created_at: Timestamp
+
+
+class DeliveryDetail(DeliveryView):
+    attempts: list[AttemptView]
+
+
+class DeliveryPage(_View):
+    items: list[DeliveryView]
+    next_cursor: str | None
+
+
+class ReplayResult(_View):
+    queued: int
+    more: bool  # more deliveries match than `limit`: send the same request again
+
+
+class Health(_View):
+    status: Literal["ok"]
+
+
+class Readiness(_View):
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, str]  # "database", "broker": "ok" or "unavailable: <why>"
+
+
+RESPONSE_MODELS: tuple[type[msgspec.Struct], ...] = (
+    ErrorBody, ChannelView, ChannelPage, EventView, EventDetail, EventBatch, DeliveryView,
+    DeliveryDetail, DeliveryPage, ReplayResult, Health, Readiness,
+)  # fmt: skip
