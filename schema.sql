@@ -70,6 +70,10 @@ CREATE INDEX IF NOT EXISTS deliveries_channel_idx ON deliveries (channel_id, cre
 -- Deliveries that are not finished yet: what an operator (and the reconciler) looks for.
 CREATE INDEX IF NOT EXISTS deliveries_open_idx ON deliveries (updated_at)
     WHERE status IN ('PENDING', 'RETRYING');
+-- Dead deliveries in age order, per tenant: what `GET /v1/deliveries?status=DEAD` and a replay
+-- look for, without reading through every delivered one.
+CREATE INDEX IF NOT EXISTS deliveries_dead_idx ON deliveries (tenant_id, created_at, id)
+    WHERE status = 'DEAD';
 
 CREATE TABLE IF NOT EXISTS delivery_attempts (
     id                bigserial PRIMARY KEY,

@@ -10,21 +10,18 @@ with the same error code (``invalid_json``, ``validation_error`` ...), plus two 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
-
-import msgspec
+from typing import NamedTuple
 
 from notifier.broker.base import Incoming, Outgoing
+from notifier.ingest import jsonguard
 from notifier.ingest.events import new_event
 from notifier.ingest.models import EventIn
 from notifier.store.rows import NewEvent
-from notifier.validation import locate
 
 ERROR_HEADER = "x-notifier-error"  # the reason, for people
 ERROR_CODE_HEADER = "x-notifier-error-code"  # the reason's code, for programs
 MAX_REASON_CHARS = 1000
-NUL_MESSAGE = "text must not contain the NUL character (\\u0000): Postgres cannot store it"
-TOO_DEEP = "body: nested too deeply"
+NUL_MESSAGE = jsonguard.NUL_MESSAGE
 
 
 class Rejected(NamedTuple):
@@ -70,49 +67,18 @@ def parse_message(
     key = data.idempotency_key or message_id or None
     if key is not None and not 1 <= len(key) <= 255:
         return Rejected("validation_error", "message_id: as idempotency key, 1 to 255 characters")
-    if any("\x00" in s for s in (data.recipient or "", key or "")) or (
-        b"\\u0000" in body and _has_nul(data.payload)
-    ):
+    if key is not None and "\x00" in key:  # the body's texts were checked by jsonguard
         return Rejected("validation_error", NUL_MESSAGE)
     return Parsed(tenant, new_event(data, key))
 
 
 def decode_event(body: bytes) -> EventIn | Rejected:
-    """The body as ``EventIn``, or why not (``invalid_json`` or ``validation_error``)."""
+    """The body as ``EventIn``, or why not (``invalid_json`` or ``validation_error``), by the
+    same rules as the HTTP API's (``jsonguard``)."""
     try:
-        return msgspec.json.decode(body, type=EventIn)
-    except msgspec.ValidationError as exc:
-        # Typed decoding stops at the first misfit, so `[1, 2` would be a validation error;
-        # on this path only, check that the body is JSON at all (as the HTTP API does).
-        try:
-            msgspec.json.decode(body)
-        except msgspec.DecodeError as bad:
-            return Rejected("invalid_json", f"body is not valid JSON: {bad}")
-        except RecursionError:
-            return Rejected("validation_error", TOO_DEEP)
-        path, text = locate(exc)
-        return Rejected("validation_error", f"{path or 'body'}: {text}")
-    except msgspec.DecodeError as exc:
-        return Rejected("invalid_json", f"body is not valid JSON: {exc}")
-    except RecursionError:  # msgspec's answer to nesting deeper than the interpreter's limit
-        return Rejected("validation_error", TOO_DEEP)
-
-
-def _has_nul(value: Any) -> bool:
-    """Whether a decoded JSON value holds a NUL in any string, key or value (no recursion, so
-    a deeply nested payload cannot exhaust the stack)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+        return jsonguard.decode(body, EventIn)
+    except jsonguard.BodyRefused as exc:
+        return Rejected(exc.code, exc.message)
 
 
 def dead_letter_copy(

@@ -27,9 +27,13 @@ import math
 import operator
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+from notifier.validation import locate
+
+T = TypeVar("T")
 
 MAX_DEPTH = 64
 MAX_INTEGER_DIGITS = 19  # as many as the largest int64 has
@@ -70,6 +74,44 @@ class JsonRefused(ValueError):
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path or 'body'}: {problem}")
         self.path, self.problem = path, problem
+
+
+class BodyRefused(ValueError):
+    """Why a body cannot be decoded: ``code`` ``invalid_json`` (not JSON: 400) or
+    ``validation_error`` (a rule above, or the model, refuses it: 422), and a message naming
+    the path."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _not_json(exc: msgspec.DecodeError) -> BodyRefused:
+    return BodyRefused(400, "invalid_json", f"body is not valid JSON: {exc}")
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """``data`` checked against the rules above, then decoded into ``kind``; ``BodyRefused``
+    otherwise. The one way a body becomes a model, for the HTTP API and AMQP ingest alike."""
+    try:
+        check(data)
+    except JsonRefused as exc:
+        raise BodyRefused(422, "validation_error", str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise _not_json(exc) from exc
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as exc:
+        # Typed decoding stops at the first misfit, so `[1, 2` or `{"x": ` would be a 422;
+        # on this error path only, check that the body is JSON at all.
+        try:
+            msgspec.json.decode(data)
+        except msgspec.DecodeError as bad:
+            raise _not_json(bad) from bad
+        path, text = locate(exc)
+        raise BodyRefused(422, "validation_error", f"{path or 'body'}: {text}") from exc
+    except msgspec.DecodeError as exc:
+        raise _not_json(exc) from exc
 
 
 def check(data: bytes) -> None:

@@ -70,6 +70,10 @@ ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
+class NoFields(_Body):
+    """A body that may only be ``{}`` (``POST /v1/deliveries/{id}/retry``)."""
+
+
 class ReplayIn(_Body):
     """``POST /v1/deliveries/retry``: which finished deliveries to enqueue again."""
 

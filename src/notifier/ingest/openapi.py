@@ -19,7 +19,7 @@ from notifier.adapters.email import EmailConfig
 from notifier.adapters.telegram import TelegramConfig
 from notifier.adapters.webhook import WebhookConfig
 from notifier.ingest import jsonguard
-from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, ReplayIn
+from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, NoFields, ReplayIn
 from notifier.ingest.views import (
     RESPONSE_MODELS,
     ChannelPage,
@@ -46,7 +46,7 @@ CONFIG_MODELS: dict[str, type[msgspec.Struct]] = {
     "telegram": TelegramConfig,
 }
 REQUEST_MODELS: tuple[type[msgspec.Struct], ...] = (
-    ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn,
+    ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields,
 )  # fmt: skip
 EXAMPLE_CONFIGS: dict[str, dict[str, Any]] = {
     "webhook": {"url": "https://hooks.example.com/notifier"},
@@ -307,11 +307,10 @@ def build_openapi(
             "post": _op(
                 "retryDelivery", "deliveries", "Replay a DEAD or DELIVERED delivery",
                 {"202": _answer("Enqueued again with a fresh attempt budget.", DeliveryDetail),
-                 **_errors(401, 404, 409, 413, 422, 503)},
+                 **_errors(400, 401, 404, 409, 413, 422, 503)},
                 description="No body, or `{}`. 409 `not_replayable` while the delivery is "
                 "PENDING or RETRYING, or when its channel is disabled or deleted.",
-                body={"type": "object", "properties": {}, "additionalProperties": False},
-                body_required=False,
+                body=_ref(NoFields), body_required=False,
             ),
         },
         "/v1/deliveries/retry": {
