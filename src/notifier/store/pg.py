@@ -210,6 +210,14 @@ class NotReplayable(StoreError):
 REPLAY_NOTE = "replayed: enqueued again with a fresh attempt budget"
 
 
+def _all_or_conflict(outcomes: list[IngestResult | IdempotencyConflict]) -> list[IngestResult]:
+    """The results of a batch that is stored whole, or the first conflict in it, raised."""
+    for outcome in outcomes:
+        if isinstance(outcome, IdempotencyConflict):
+            raise outcome
+    return cast(list[IngestResult], outcomes)
+
+
 class Store:
     """Trio-flavoured access to Postgres. Create with ``open_store``."""
 
@@ -313,19 +321,6 @@ class Store:
         Raises ``IdempotencyConflict`` or ``UnknownChannels`` having written nothing.
         """
         named = {cid for e in events for cid in (e.channel_ids or ())}
-        payload = [
-            {
-                "id": e.id,
-                "type": e.type,
-                "recipient": e.recipient,
-                "payload": e.payload,
-                "idempotency_key": e.idempotency_key,
-                "request_hash": e.request_hash,
-                "channel_ids": e.channel_ids,
-                "ord": i,
-            }
-            for i, e in enumerate(events)
-        ]
         async with self._pool.acquire() as conn:
             if named:
                 owned = {r["id"] for r in await conn.fetch(Q["channels_owned"], tenant_id, named)}
@@ -334,36 +329,11 @@ class Store:
             if len(events) == 1:
                 # One statement, no explicit transaction: a single round trip. A key conflict
                 # writes nothing, so there is nothing to roll back.
-                return await self._ingest_rows(conn, tenant_id, events, payload, max_attempts)
+                outcomes = await self._ingest_group(conn, tenant_id, events, max_attempts)
+                return _all_or_conflict(outcomes)
             async with conn.transaction():  # a conflict anywhere rolls back the whole batch
-                return await self._ingest_rows(conn, tenant_id, events, payload, max_attempts)
-
-    @staticmethod
-    async def _ingest_rows(
-        conn: Conn,
-        tenant_id: uuid.UUID,
-        events: Sequence[NewEvent],
-        payload: list[dict[str, Any]],
-        max_attempts: Mapping[str, int],
-    ) -> list[IngestResult]:
-        rows = await conn.fetch(Q["insert_events"], tenant_id, payload, max_attempts)
-        created = {r["id"]: r for r in rows}
-        earlier: dict[str, Row] = {}
-        if skipped := [e.idempotency_key for e in events if e.id not in created]:
-            for r in await conn.fetch(Q["events_by_keys"], tenant_id, skipped):
-                earlier[r["idempotency_key"]] = r
-        results = []
-        for e in events:
-            if e.id in created:
-                event = _event(created[e.id], e.idempotency_key)
-                results.append(IngestResult(event=event, created=True))
-                continue
-            assert e.idempotency_key is not None
-            prior = earlier.get(e.idempotency_key)
-            if prior is None or prior["request_hash"] != e.request_hash:
-                raise IdempotencyConflict(e.idempotency_key)
-            results.append(IngestResult(event=_event(prior, e.idempotency_key), created=False))
-        return results
+                outcomes = await self._ingest_group(conn, tenant_id, events, max_attempts)
+                return _all_or_conflict(outcomes)
 
     @_crossing
     async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None:
@@ -625,7 +595,10 @@ class Store:
         events: Sequence[NewEvent],
         max_attempts: Mapping[str, int],
     ) -> list[IngestResult | IdempotencyConflict]:
-        """Asyncio-flavoured. ``ingest_each`` for one tenant: two statements at most."""
+        """Asyncio-flavoured. The events of one tenant, each on its own: one outcome per event
+        (its ``IngestResult``, or the ``IdempotencyConflict`` that kept it out), in two
+        statements at most. ``ingest`` raises the first conflict; ``ingest_each`` keeps the
+        others."""
         payload = [
             {"id": e.id, "type": e.type, "recipient": e.recipient, "payload": e.payload,
              "idempotency_key": e.idempotency_key, "request_hash": e.request_hash,
