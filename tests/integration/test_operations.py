@@ -319,13 +319,17 @@ async def test_the_reconciler_delivers_what_the_broker_lost(
                 await poll(relayed)
         # 2. The queue is deleted with everything in it.
         rabbitmqctl("delete_queue", "-p", vhost, "deliveries.webhook")
-        # 3. The service comes back (the workers declare the queue again, empty); the
-        # reconciler finds the deliveries that are stuck and enqueues them again.
+        # 3. The service comes back as separate processes' roles (the workers declare the
+        # queue again, empty); the maintenance role's reconciler finds the stuck deliveries
+        # and enqueues them again, and the relay of the first process publishes them.
         config = make_config(
             database_url, broker_url,
             maintenance={"interval_seconds": 0.5, "stuck_after_seconds": 1},
         )  # fmt: skip
-        async with run_notifier(config):
+        async with (
+            run_notifier(config, ("ingest", "relay", "workers")),
+            run_notifier(config, ("maintenance",)),
+        ):
             with trio.fail_after(30):
                 await sink.wait_for(events)
 
