@@ -47,11 +47,13 @@ def _pg(sql: str, url: str = PG_ADMIN) -> None:
 
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
-    _pg(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
-    _pg(f'CREATE DATABASE "{TEMPLATE}"')
-    _pg(SCHEMA_PATH.read_text(), f"{PG_BASE}/{TEMPLATE}")
-    yield TEMPLATE
-    _pg(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+    # Unique per instance: another test directory's conftest may import this fixture, and
+    # pytest then makes one instance of it there too.
+    name = f"{TEMPLATE}_{uuid.uuid4().hex[:6]}"
+    _pg(f'CREATE DATABASE "{name}"')
+    _pg(SCHEMA_PATH.read_text(), f"{PG_BASE}/{name}")
+    yield name
+    _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -335,18 +335,33 @@ class Consumer:
         await self._flush()
 
 
+# A connection attempt that gets no answer (a broker that accepts TCP but never speaks, a
+# network that swallows packets) fails after this, so its component can try again.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
 @asynccontextmanager
 async def open_connection(
-    url: str, *, name: str, heartbeat_seconds: int = 15
+    url: str,
+    *,
+    name: str,
+    heartbeat_seconds: int = 15,
+    connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
 ) -> AsyncIterator[AmqpConnection]:
-    """Trio-flavoured. Connect to RabbitMQ; close on exit (unacked messages return to queues)."""
+    """Trio-flavoured. Connect to RabbitMQ (within ``connect_timeout_seconds``); close on exit
+    (unacked messages return to queues)."""
     async with open_bridge():
         try:
-            conn: Any = await aio(
-                aiormq.connect,
-                _with_heartbeat(url, heartbeat_seconds),
-                client_properties={"connection_name": f"notifier {name}"},
-            )
+            with trio.fail_after(connect_timeout_seconds):
+                conn: Any = await aio(
+                    aiormq.connect,
+                    _with_heartbeat(url, heartbeat_seconds),
+                    client_properties={"connection_name": f"notifier {name}"},
+                )
+        except trio.TooSlowError as exc:
+            raise BrokerError(
+                f"cannot connect to RabbitMQ: no answer in {connect_timeout_seconds:g} s"
+            ) from exc
         except _BROKER_ERRORS as exc:
             raise BrokerError(f"cannot connect to RabbitMQ: {exc!r}") from exc
         try:

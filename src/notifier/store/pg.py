@@ -81,6 +81,9 @@ _UNAVAILABLE = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.InterfaceError,
+    # asyncpg's own state machine confused by a connection that died mid-operation (seen when
+    # a backend is terminated while the pool resets the connection): the connection is gone.
+    asyncpg.InternalClientError,
     asyncpg.TooManyConnectionsError,
 )
 

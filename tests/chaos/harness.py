@@ -1,0 +1,272 @@
+"""The fault-injection harness: notifier as a child process, a steady load with a ledger, a
+webhook sink, and the phases of a scenario — load → fault → heal → drain → check.
+
+notifier runs as ``python -m notifier run`` (so a scenario can signal or kill it) against the
+test's own database and vhost; the sink and the load generator run in the test's trio loop.
+Everything is on 127.0.0.1 and bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from notifier.adapters.webhook import generate_secret
+from tests.chaos.ledger import Ledger, Report, check, send_events
+from tests.chaos.proxy import FaultProxy, open_fault_proxy
+from tests.integration.conftest import create_tenant, poll, sql
+
+SECRET = generate_secret()
+AMQP_PORT = 5672
+# How long the drain phase may take: every accepted event delivered or dead, the outbox empty.
+DRAIN_TIMEOUT_SECONDS = 120.0
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (loopback)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
+    """A TOML config of ``{table: {key: value}}`` (tables may be dotted: ``workers.webhook``)."""
+    lines: list[str] = []
+    for table, values in sections.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def base_config(database_url: str, broker_url: str, port: int) -> dict[str, dict[str, Any]]:
+    """Fast retries and reconciliation, so a scenario heals in seconds, not minutes."""
+    return {
+        "service": {"shutdown_grace_seconds": 5},
+        "database": {"url": database_url, "pool_max_size": 10},
+        "broker": {"url": broker_url, "heartbeat_seconds": 10, "publish_timeout_seconds": 5},
+        "ingest": {"bind": f"127.0.0.1:{port}"},
+        "relay": {"poll_interval_seconds": 0.5},
+        "retry": {"base_seconds": 1, "max_seconds": 5, "tiers_seconds": [1, 2, 5]},
+        "workers.webhook": {
+            "concurrency": 16, "prefetch": 64, "max_attempts": 10, "timeout_seconds": 5,
+            "allow_private_networks": True,
+        },
+        "maintenance": {"interval_seconds": 1, "stuck_after_seconds": 10},
+        "logging": {"format": "console", "level": "INFO"},
+    }  # fmt: skip
+
+
+@dataclass
+class Timings:
+    """Seconds, on the test's clock: from the heal to the first delivery after it, and from
+    the end of the load to a drained pipeline."""
+
+    recovery_seconds: float | None = None
+    drain_seconds: float = 0.0
+
+
+class ServiceProcess:
+    """``notifier run`` as a child process of the test; only this process is ever signalled."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path = config_path
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.exit_code: int | None = None  # of the last stop()
+        self.timings = Timings()
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start {self.starts + 1}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "notifier", "run", "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            )  # fmt: skip
+        self.starts += 1
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    async def wait_exit(self, timeout_seconds: float) -> int | None:
+        """The exit code, or None if it is still running after ``timeout_seconds``."""
+        process = self.process
+        if process is None:
+            return None
+        with trio.move_on_after(timeout_seconds):
+            while process.poll() is None:  # noqa: ASYNC110 (a child process has no trio event)
+                await trio.sleep(0.05)
+        return process.poll()
+
+    async def stop(self, grace_seconds: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within ``grace_seconds``."""
+        self.signal(signal.SIGTERM)
+        code = await self.wait_exit(grace_seconds)
+        if code is None and self.process is not None:
+            self.process.kill()
+            code = await self.wait_exit(10)
+        self.exit_code = code
+        return code
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+async def wait_ready(base_url: str, timeout_seconds: float = 30.0) -> None:
+    """Until ``/healthz`` answers (the ingest server listens)."""
+
+    async def up() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=2) as client:
+                return (await client.get(f"{base_url}/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    with trio.fail_after(timeout_seconds):
+        await poll(up, interval_seconds=0.1)
+
+
+@dataclass
+class Context:
+    """What a fault sees of the running scenario."""
+
+    service: ServiceProcess
+    database_url: str
+    broker_url: str
+    vhost: str
+    base_url: str
+    ledger: Ledger
+    broker_proxy: FaultProxy | None = None  # between notifier and RabbitMQ, when asked for
+
+
+Fault = Callable[[Context], Awaitable[None]]
+
+
+@dataclass
+class Scenario:
+    name: str
+    fault: Fault | None = None
+    events: int = 1000
+    rate_per_second: float = 150.0
+    max_duplicates: int = 0
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)  # merged over base_config
+    broker_via_proxy: bool = False  # notifier reaches RabbitMQ through a FaultProxy
+
+
+async def drained(database_url: str) -> bool:
+    """The outbox is empty and no delivery is unfinished."""
+    (row,) = await sql(
+        database_url,
+        "SELECT (SELECT count(*) FROM outbox) AS outbox, (SELECT count(*) FROM deliveries "
+        "WHERE status IN ('PENDING', 'RETRYING')) AS open",
+    )
+    return bool(row["outbox"] == 0 and row["open"] == 0)
+
+
+async def final_states(database_url: str) -> dict[str, tuple[str, str | None]]:
+    rows = await sql(database_url, "SELECT id::text, status, last_error FROM deliveries")
+    return {r["id"]: (r["status"], r["last_error"]) for r in rows}
+
+
+async def run_scenario(
+    scenario: Scenario, *, database_url: str, broker_url: str, vhost: str, tmp_path: Path
+) -> tuple[Report, ServiceProcess]:
+    """Trio-flavoured. Load → fault (mid-stream) → heal → drain → check; the service is always
+    stopped at the end."""
+    async with open_fault_proxy("127.0.0.1", AMQP_PORT) as proxy:
+        if scenario.broker_via_proxy:
+            broker_url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/{vhost}"
+        return await _run(
+            scenario, database_url=database_url, broker_url=broker_url, vhost=vhost,
+            tmp_path=tmp_path, proxy=proxy if scenario.broker_via_proxy else None,
+        )  # fmt: skip
+
+
+async def _run(
+    scenario: Scenario,
+    *,
+    database_url: str,
+    broker_url: str,
+    vhost: str,
+    tmp_path: Path,
+    proxy: FaultProxy | None,
+) -> tuple[Report, ServiceProcess]:
+    from notifier.testing import open_sink
+
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    sections = base_config(database_url, broker_url, port)
+    for table, values in scenario.config.items():
+        sections.setdefault(table, {}).update(values)
+    service = ServiceProcess(
+        write_config(tmp_path / f"{scenario.name}.toml", sections), tmp_path / "notifier.log"
+    )
+    async with open_sink() as sink:
+        service.start()
+        try:
+            await wait_ready(base_url)
+            key = await create_tenant(database_url, f"chaos-{uuid.uuid4().hex[:8]}")
+            headers = {"Authorization": f"Bearer {key}"}
+            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=5) as api:
+                resp = await api.post("/v1/channels", json={
+                    "type": "webhook", "config": {"url": sink.url, "secret": SECRET}})  # fmt: skip
+                assert resp.status_code == 201, resp.text
+                ledger = Ledger()
+                context = Context(service, database_url, broker_url, vhost, base_url, ledger, proxy)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        lambda: send_events(
+                            api, ledger, count=scenario.events,
+                            rate_per_second=scenario.rate_per_second,
+                        )
+                    )  # fmt: skip
+                    healed_at: float | None = None
+                    if scenario.fault is not None:
+                        with trio.fail_after(120):
+                            await poll(lambda: _sent_half(ledger, scenario.events))
+                        await scenario.fault(context)
+                        healed_at = trio.current_time()
+            loaded_at = trio.current_time()
+            with trio.fail_after(DRAIN_TIMEOUT_SECONDS):
+                await poll(lambda: drained(database_url), interval_seconds=0.25)
+            service.timings.drain_seconds = trio.current_time() - loaded_at
+            if healed_at is not None:
+                after = [r.at for r in sink.received if r.at >= healed_at]
+                service.timings.recovery_seconds = min(after) - healed_at if after else None
+            received = [r.headers["webhook-id"] for r in sink.received]
+            report = check(ledger, received, await final_states(database_url))
+        finally:
+            await service.stop()
+    return report, service
+
+
+async def _sent_half(ledger: Ledger, events: int) -> bool:
+    await trio.lowlevel.checkpoint()
+    return len(ledger) >= events // 2
