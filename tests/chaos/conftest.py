@@ -12,6 +12,7 @@ def mock_clock() -> trio.testing.MockClock:
     ``trio.sleep`` takes no real time, and time jumps whenever every task waits."""
     return trio.testing.MockClock(autojump_threshold=0)
 
+
 # The real services, one database (from a migrated template) and one vhost per test.
 from tests.integration.conftest import (  # noqa: E402, F401
     broker_url,
