@@ -115,6 +115,7 @@ class AmqpConnection:
         except _BROKER_ERRORS as exc:
             raise BrokerError(f"opening a consumer channel failed: {exc!r}") from exc
         consumer = Consumer(ch, prefetch)
+        ch.on_consumer_cancel_callbacks.add(consumer._on_broker_cancel)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(consumer._ack_loop)
@@ -248,14 +249,31 @@ class Consumer:
         self._pending: dict[int, Settle | None] = {}
         self._dirty = trio.Event()
         self._stopped = False
+        self._cancelled = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
 
     @property
     def unsettled(self) -> int:
         return len(self._pending)
 
     async def wait_closed(self) -> None:
-        """Trio-flavoured. Return when the channel is closed (by either side)."""
-        await _wait_closing(self._ch)
+        """Trio-flavoured. Return when the channel is closed (by either side), or when the
+        broker cancelled the consumer (its queue was deleted): either way nothing more comes."""
+        async with trio.open_nursery() as nursery:
+
+            async def channel_closed() -> None:
+                await _wait_closing(self._ch)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(channel_closed)
+            await self._cancelled.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _on_broker_cancel(self, _frame: object) -> None:
+        """Asyncio-flavoured aiormq callback: the broker cancelled this consumer."""
+        if not self._stopped:
+            log.warning("the broker cancelled the consumer (was its queue deleted?)")
+        self._token.run_sync_soon(self._cancelled.set)
 
     async def _on_message(self, message: aiormq.abc.DeliveredMessage) -> None:
         """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it."""
