@@ -115,6 +115,7 @@ class AmqpConnection:
         except _BROKER_ERRORS as exc:
             raise BrokerError(f"opening a consumer channel failed: {exc!r}") from exc
         consumer = Consumer(ch, prefetch)
+        consumer._token = trio.lowlevel.current_trio_token()
         ch.on_consumer_cancel_callbacks.add(consumer._on_broker_cancel)
         try:
             async with trio.open_nursery() as nursery:
@@ -250,7 +251,7 @@ class Consumer:
         self._dirty = trio.Event()
         self._stopped = False
         self._cancelled = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
+        self._token: trio.lowlevel.TrioToken | None = None  # set by open_consumer
 
     @property
     def unsettled(self) -> int:
@@ -273,7 +274,8 @@ class Consumer:
         """Asyncio-flavoured aiormq callback: the broker cancelled this consumer."""
         if not self._stopped:
             log.warning("the broker cancelled the consumer (was its queue deleted?)")
-        self._token.run_sync_soon(self._cancelled.set)
+        if self._token is not None:
+            self._token.run_sync_soon(self._cancelled.set)
 
     async def _on_message(self, message: aiormq.abc.DeliveredMessage) -> None:
         """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it."""
