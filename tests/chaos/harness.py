@@ -120,10 +120,10 @@ class ServiceProcess:
         process = self.process
         if process is None:
             return None
-        with trio.move_on_after(timeout_seconds):
-            while process.poll() is None:  # noqa: ASYNC110 (a child process has no trio event)
-                await trio.sleep(0.05)
-        return process.poll()
+        try:  # the child's exit itself, waited for in a thread (bounded by the timeout)
+            return await trio.to_thread.run_sync(process.wait, timeout_seconds)
+        except subprocess.TimeoutExpired:
+            return None
 
     async def stop(self, grace_seconds: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within ``grace_seconds``."""
