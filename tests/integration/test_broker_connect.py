@@ -8,7 +8,10 @@ import trio
 
 from notifier.bridge import open_bridge
 from notifier.broker.amqp import open_connection
+from notifier.broker.base import Confirm, Outgoing, Settle
+from notifier.broker.topology import build_topology
 from notifier.errors import BrokerError
+from tests.integration.conftest import rabbitmqctl
 
 
 async def test_a_broker_that_never_answers_fails_the_connect_in_time() -> None:
@@ -30,3 +33,29 @@ async def test_a_broker_that_never_answers_fails_the_connect_in_time() -> None:
                     pass  # pragma: no cover - the connection never opens
             assert trio.current_time() - began >= 0.5
         nursery.cancel_scope.cancel()
+
+
+async def test_a_closed_channel_under_a_publish_or_an_ack_is_a_broker_failure(
+    broker_url: str, vhost: str
+) -> None:
+    """aiormq raises ChannelInvalidStateError (a RuntimeError) on a closed channel; the
+    publisher must answer UNCONFIRMED and the consumer's acknowledgements must fail quietly,
+    not crash their component with a library error (found by the fault suite)."""
+    out = Outgoing("deliveries", "webhook", b"{}", "m-1")
+    async with open_bridge(), open_connection(broker_url, name="test") as conn:
+        await conn.declare(build_topology(["webhook"], [1], "quorum"))
+        async with (
+            conn.open_publisher(5) as publisher,
+            conn.open_consumer("deliveries.webhook", 8) as consumer,
+        ):
+            assert await publisher.publish_batch([out]) == [Confirm.CONFIRMED]
+            with trio.fail_after(10):
+                incoming = await consumer.receive.receive()
+            await trio.to_thread.run_sync(
+                rabbitmqctl, "close_all_connections", "-p", vhost, "test"
+            )
+            with trio.fail_after(10):
+                await conn.wait_closed()
+            assert await publisher.publish_batch([out]) == [Confirm.UNCONFIRMED]
+            incoming.settle(Settle.ACK)  # acknowledged on a channel that is gone
+        # leaving open_consumer flushed that acknowledgement: it failed quietly

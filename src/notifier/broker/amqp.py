@@ -24,7 +24,15 @@ from notifier.errors import BrokerError
 
 log = logging.getLogger("notifier.broker")
 
-_BROKER_ERRORS = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, ConnectionError)
+# What aiormq raises when the broker, the connection or the channel is gone. A channel closed
+# under a publish or an acknowledgement raises ChannelInvalidStateError, a RuntimeError.
+_BROKER_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    OSError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
 
 
 class _NoFrameBodies(logging.Filter):
