@@ -51,9 +51,7 @@ async def test_a_closed_channel_under_a_publish_or_an_ack_is_a_broker_failure(
             assert await publisher.publish_batch([out]) == [Confirm.CONFIRMED]
             with trio.fail_after(10):
                 incoming = await consumer.receive.receive()
-            await trio.to_thread.run_sync(
-                rabbitmqctl, "close_all_connections", "-p", vhost, "test"
-            )
+            await trio.to_thread.run_sync(rabbitmqctl, "close_all_connections", "-p", vhost, "test")
             with trio.fail_after(10):
                 await conn.wait_closed()
             assert await publisher.publish_batch([out]) == [Confirm.UNCONFIRMED]
