@@ -9,12 +9,14 @@ Everything is on 127.0.0.1 and bounded in count and time.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,11 @@ import httpx
 import trio
 
 from notifier.adapters.webhook import generate_secret
+from notifier.testing import WebhookSink
+from notifier.testing_smtp import SmtpSink, open_smtp_server
 from tests.chaos.ledger import Ledger, Report, check, send_events
 from tests.chaos.proxy import FaultProxy, open_fault_proxy
+from tests.chaos.services import ROOT
 from tests.integration.conftest import create_tenant, poll, sql
 
 SECRET = generate_secret()
@@ -90,11 +95,19 @@ class Timings:
 
 
 class ServiceProcess:
-    """``notifier run`` as a child process of the test; only this process is ever signalled."""
+    """``notifier run`` as a child process of the test; only this process is ever signalled.
+    ``module`` and ``args`` choose another entry point (``tests.chaos.child``)."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        module: str = "notifier",
+        args: tuple[str, ...] = ("run",),
+    ) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.command = [sys.executable, "-m", module, *args, "--config", str(config_path)]
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.exit_code: int | None = None  # of the last stop()
@@ -106,8 +119,8 @@ class ServiceProcess:
             log.write(f"--- start {self.starts + 1}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "notifier", "run", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=ROOT,
             )  # fmt: skip
         self.starts += 1
 
@@ -163,7 +176,10 @@ class Context:
     vhost: str
     base_url: str
     ledger: Ledger
+    sink: WebhookSink
     broker_proxy: FaultProxy | None = None  # between notifier and RabbitMQ, when asked for
+    # (start, end) on the test's clock of each span in which Postgres was certainly down
+    outages: list[tuple[float, float]] = field(default_factory=list)
 
 
 Fault = Callable[[Context], Awaitable[None]]
@@ -178,6 +194,27 @@ class Scenario:
     max_duplicates: int = 0
     config: dict[str, dict[str, Any]] = field(default_factory=dict)  # merged over base_config
     broker_via_proxy: bool = False  # notifier reaches RabbitMQ through a FaultProxy
+    payload: Callable[[int], dict[str, object]] | None = None  # event n's payload
+    email_channel: bool = False  # every event also goes to an email channel (a local SMTP sink)
+    # run ``python -m tests.chaos.child <child_args>`` instead of ``notifier run``
+    child_args: tuple[str, ...] = ()
+    # delivery ids that may end DEAD (with a reason) instead of being received
+    expect_dead: Callable[[Outcome], set[str]] | None = None
+    touches_services: bool = False  # stops or alters Postgres/RabbitMQ: ensure_services after
+
+
+@dataclass
+class Outcome:
+    """What a scenario run left: the report, the process, what the fault saw, and the raw
+    material the report was made from."""
+
+    report: Report
+    service: ServiceProcess
+    context: Context
+    webhook_ids: list[str]  # webhook-id of every webhook received, in order
+    email_ids: list[str]  # delivery id of every email received, in order
+    final_states: dict[str, tuple[str, str | None]]
+    delivery_channels: dict[str, str]  # delivery id -> channel type
 
 
 async def drained(database_url: str) -> bool:
@@ -195,9 +232,60 @@ async def final_states(database_url: str) -> dict[str, tuple[str, str | None]]:
     return {r["id"]: (r["status"], r["last_error"]) for r in rows}
 
 
+async def delivery_channels(database_url: str) -> dict[str, str]:
+    rows = await sql(database_url, "SELECT id::text, channel_type FROM deliveries")
+    return {r["id"]: r["channel_type"] for r in rows}
+
+
+async def stored_event_ids(database_url: str) -> set[str]:
+    return {r["id"] for r in await sql(database_url, "SELECT id::text FROM events")}
+
+
+_MESSAGE_ID = re.compile(r"<([0-9a-f-]{36})@")
+
+
+def email_delivery_ids(mails: list[Any]) -> list[str]:
+    """The delivery id of each received email, from its ``Message-ID`` (``<delivery id@host>``)."""
+    ids = []
+    for mail in mails:
+        found = _MESSAGE_ID.match(str(mail.message()["Message-ID"]))
+        assert found, f"no delivery id in Message-ID {mail.message()['Message-ID']!r}"
+        ids.append(found.group(1))
+    return ids
+
+
+# A component may fail and be restarted when its broker or database is lost: that is designed
+# (DESIGN §5) and logged as "<name> failed, restarting in … s: BrokerError(…)". Anything else
+# that fails a component, and these lines, are crashes.
+_RESTARTED = re.compile(r"(\S+) failed, restarting in [\d.]+ s: (\w+)\(")
+_EXPECTED_FAILURES = {"BrokerError", "StoreUnavailable"}
+_CRASH_MARKERS = (
+    "handler failed; rejecting to the DLQ",  # the worker's own code raised
+    "recording the panic failed",
+    "consumer callback failed",
+    "request failed",  # ingest answered 500
+    "unexpected failure",  # the process ended on an exception
+)
+
+
+def crash_lines(log: str) -> list[str]:
+    """Pure: the lines of a notifier log that show a crash — a component failing with anything
+    but a lost broker or database, the worker's handler or consumer callback raising, a 500, or
+    the process ending on an exception."""
+    found = []
+    for line in log.splitlines():
+        restarted = _RESTARTED.search(line)
+        if restarted:
+            if restarted.group(2) not in _EXPECTED_FAILURES:
+                found.append(line)
+        elif any(marker in line for marker in _CRASH_MARKERS):
+            found.append(line)
+    return found
+
+
 async def run_scenario(
     scenario: Scenario, *, database_url: str, broker_url: str, vhost: str, tmp_path: Path
-) -> tuple[Report, ServiceProcess]:
+) -> Outcome:
     """Trio-flavoured. Load → fault (mid-stream) → heal → drain → check; the service is always
     stopped at the end."""
     async with open_fault_proxy("127.0.0.1", AMQP_PORT) as proxy:
@@ -209,6 +297,30 @@ async def run_scenario(
         )  # fmt: skip
 
 
+@asynccontextmanager
+async def _receivers(scenario: Scenario) -> AsyncIterator[tuple[WebhookSink, SmtpSink | None]]:
+    from notifier.testing import open_sink
+
+    async with AsyncExitStack() as stack:
+        sink = await stack.enter_async_context(open_sink())
+        smtp = (
+            await stack.enter_async_context(open_smtp_server()) if scenario.email_channel else None
+        )
+        yield sink, smtp
+
+
+async def _create_channels(
+    api: httpx.AsyncClient, sink: WebhookSink, smtp: SmtpSink | None
+) -> None:
+    resp = await api.post("/v1/channels", json={
+        "type": "webhook", "config": {"url": sink.url, "secret": SECRET}})  # fmt: skip
+    assert resp.status_code == 201, resp.text
+    if smtp is not None:
+        resp = await api.post("/v1/channels", json={
+            "type": "email", "config": {"to": "chaos@example.test"}})  # fmt: skip
+        assert resp.status_code == 201, resp.text
+
+
 async def _run(
     scenario: Scenario,
     *,
@@ -217,34 +329,42 @@ async def _run(
     vhost: str,
     tmp_path: Path,
     proxy: FaultProxy | None,
-) -> tuple[Report, ServiceProcess]:
-    from notifier.testing import open_sink
-
+) -> Outcome:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    sections = base_config(database_url, broker_url, port)
-    for table, values in scenario.config.items():
-        sections.setdefault(table, {}).update(values)
-    service = ServiceProcess(
-        write_config(tmp_path / f"{scenario.name}.toml", sections), tmp_path / "notifier.log"
-    )
-    async with open_sink() as sink:
+    async with _receivers(scenario) as (sink, smtp):
+        sections = base_config(database_url, broker_url, port)
+        if smtp is not None:
+            sections["workers.email"] = {
+                "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "from": "notifier@chaos.test",
+                "concurrency": 16, "prefetch": 64, "max_attempts": 10, "timeout_seconds": 5,
+            }  # fmt: skip
+        for table, values in scenario.config.items():
+            sections.setdefault(table, {}).update(values)
+        config_path = write_config(tmp_path / "notifier.toml", sections)
+        log_path = tmp_path / "notifier.log"
+        if scenario.child_args:
+            service = ServiceProcess(
+                config_path, log_path, "tests.chaos.child", scenario.child_args
+            )
+        else:
+            service = ServiceProcess(config_path, log_path)
         service.start()
         try:
             await wait_ready(base_url)
             key = await create_tenant(database_url, f"chaos-{uuid.uuid4().hex[:8]}")
             headers = {"Authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=5) as api:
-                resp = await api.post("/v1/channels", json={
-                    "type": "webhook", "config": {"url": sink.url, "secret": SECRET}})  # fmt: skip
-                assert resp.status_code == 201, resp.text
+                await _create_channels(api, sink, smtp)
                 ledger = Ledger()
-                context = Context(service, database_url, broker_url, vhost, base_url, ledger, proxy)
+                context = Context(
+                    service, database_url, broker_url, vhost, base_url, ledger, sink, proxy
+                )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(
                         lambda: send_events(
                             api, ledger, count=scenario.events,
-                            rate_per_second=scenario.rate_per_second,
+                            rate_per_second=scenario.rate_per_second, payload=scenario.payload,
                         )
                     )  # fmt: skip
                     healed_at: float | None = None
@@ -257,14 +377,22 @@ async def _run(
             with trio.fail_after(DRAIN_TIMEOUT_SECONDS):
                 await poll(lambda: drained(database_url), interval_seconds=0.25)
             service.timings.drain_seconds = trio.current_time() - loaded_at
+            arrivals = [r.at for r in sink.received] + (
+                [m.at for m in smtp.received] if smtp else []
+            )
             if healed_at is not None:
-                after = [r.at for r in sink.received if r.at >= healed_at]
+                after = [at for at in arrivals if at >= healed_at]
                 service.timings.recovery_seconds = min(after) - healed_at if after else None
-            received = [r.headers["webhook-id"] for r in sink.received]
-            report = check(ledger, received, await final_states(database_url))
+            webhook_ids = [r.headers["webhook-id"] for r in sink.received]
+            email_ids = email_delivery_ids(smtp.received) if smtp else []
+            states = await final_states(database_url)
+            report = check(
+                ledger, webhook_ids + email_ids, states, await stored_event_ids(database_url)
+            )
+            channels = await delivery_channels(database_url)
         finally:
             await service.stop()
-    return report, service
+    return Outcome(report, service, context, webhook_ids, email_ids, states, channels)
 
 
 async def _sent_half(ledger: Ledger, events: int) -> bool:

@@ -14,7 +14,7 @@ Three pieces, each usable alone:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -96,12 +96,26 @@ class Entry:
     recovered_answer: bool  # unknown at first, accepted on a retry with the same key
 
 
+@dataclass(frozen=True)
+class Observation:
+    """One request and its answer, on the test's clock: when it was sent, when the answer (or
+    the error) came, the status (None: no HTTP answer) and the ``Retry-After`` header."""
+
+    key: str
+    sent_at: float
+    answered_at: float
+    status_code: int | None
+    retry_after: str | None = None
+
+
 class Ledger:
     """Every event sent, by idempotency key, in the order first sent. A definite answer
-    (``accepted``, ``rejected``) is final; only an ``unknown`` entry may be recorded again."""
+    (``accepted``, ``rejected``) is final; only an ``unknown`` entry may be recorded again.
+    ``observations`` keeps every request in the order answered."""
 
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
+        self.observations: list[Observation] = []
 
     def record(self, key: str, answer: Answer) -> Entry:
         before = self._entries.get(key)
@@ -152,12 +166,14 @@ async def send_events(
     retry_unknown_for_seconds: float = 60.0,
     retry_pause_seconds: float = 1.0,
     max_in_flight: int = 8,
+    payload: Callable[[int], dict[str, object]] | None = None,
 ) -> None:
     """POST ``count`` events to ``/v1/events`` (relative to the client's ``base_url``; the client
     carries the API key), the n-th at ``start + n / rate_per_second``, with at most
     ``max_in_flight`` requests in flight: a slow answer does not delay the next send unless all
     of them are taken. Event n is ``{"type": event_type, "payload": {"seq": n},
-    "idempotency_key": "chaos-<n>"}``.
+    "idempotency_key": "chaos-<n>"}`` (``payload(n)`` replaces the payload when given). Every
+    request is also kept in ``ledger.observations``.
 
     Then, while some events are ``unknown``, retry all of them with their keys, a round every
     ``retry_pause_seconds``; no round starts later than ``retry_unknown_for_seconds`` after the
@@ -169,14 +185,24 @@ async def send_events(
 
     async def attempt(n: int) -> None:
         key = f"chaos-{n}"
-        body = {"type": event_type, "payload": {"seq": n}, "idempotency_key": key}
+        body = {
+            "type": event_type,
+            "payload": {"seq": n} if payload is None else payload(n),
+            "idempotency_key": key,
+        }
         async with limiter:
+            sent_at = trio.current_time()
+            retry_after = None
             try:
                 response = await client.post("/v1/events", json=body)
             except httpx.TransportError as exc:  # TimeoutException is one of them
                 answer = classify_exception(exc)
             else:
                 answer = classify_response(response.status_code, response.content)
+                retry_after = response.headers.get("retry-after")
+        ledger.observations.append(
+            Observation(key, sent_at, trio.current_time(), answer.status_code, retry_after)
+        )
         ledger.record(key, answer)
 
     start = trio.current_time()
@@ -194,6 +220,31 @@ async def send_events(
         async with trio.open_nursery() as nursery:
             for key in unknown:
                 nursery.start_soon(attempt, int(key.removeprefix("chaos-")))
+
+
+def answered_during(
+    observations: Iterable[Observation], windows: Iterable[tuple[float, float]]
+) -> list[Observation]:
+    """Pure: the requests sent and answered inside one of ``windows`` (``(start, end)``, on the
+    same clock), in order."""
+    spans = list(windows)
+    return [
+        o for o in observations
+        if any(start <= o.sent_at and o.answered_at <= end for start, end in spans)
+    ]  # fmt: skip
+
+
+def outage_violations(
+    observations: Iterable[Observation], windows: Iterable[tuple[float, float]]
+) -> list[Observation]:
+    """Pure: the requests made entirely while Postgres was down (inside one of ``windows``)
+    that were not answered ``503`` with a ``Retry-After`` — a ``202`` then would be an
+    acceptance of data that was never committed, and no answer at all leaves the client
+    guessing."""
+    return [
+        o for o in answered_during(observations, windows)
+        if not (o.status_code == 503 and o.retry_after)
+    ]  # fmt: skip
 
 
 # -- the checker --------------------------------------------------------------------------------
@@ -220,10 +271,16 @@ class Report:
     lost: int = 0
     duplicated: int = 0  # extra copies, over every id received
     unexpected: int = 0  # distinct received ids that belong to no accepted event
+    not_stored: int = 0  # accepted events that Postgres has no row for
     examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def ok(self, max_duplicates: int) -> bool:
-        return self.lost == 0 and self.unexpected == 0 and self.duplicated <= max_duplicates
+        return (
+            self.lost == 0
+            and self.unexpected == 0
+            and self.not_stored == 0
+            and self.duplicated <= max_duplicates
+        )
 
     def summary(self) -> str:
         """One line: every count, then examples of what went wrong."""
@@ -247,16 +304,20 @@ _KINDS = (
     "lost",
     "duplicated",
     "unexpected",
+    "not_stored",
 )
-_PROBLEM_KINDS = ("lost", "unexpected", "duplicated", "unknown_left", "rejected")
+_PROBLEM_KINDS = ("lost", "unexpected", "not_stored", "duplicated", "unknown_left", "rejected")
 
 
 def check(
     ledger: Ledger,
     received_delivery_ids: Sequence[str],
     final_states: Mapping[str, tuple[str, str | None]],
+    stored_event_ids: Collection[str] | None = None,
 ) -> Report:
-    """Pure. ``final_states`` maps delivery id -> (status, last_error) as read from Postgres.
+    """Pure. ``final_states`` maps delivery id -> (status, last_error) as read from Postgres,
+    and ``stored_event_ids`` holds the ids of the events it has (when given, an accepted event
+    missing from it is ``not_stored``).
 
     A delivery of an accepted event is lost when it is missing from ``final_states`` (Postgres
     has no row for what it accepted, whether or not the sink got it), or when it was never
@@ -274,6 +335,8 @@ def check(
             found["unknown_left"].append(entry.key)
         else:
             found["accepted"].append(entry.key)
+            if stored_event_ids is not None and entry.event_id not in stored_event_ids:
+                found["not_stored"].append(entry.key)
             if entry.recovered_answer and all(copies[d] for d in entry.delivery_ids):
                 found["recovered"].append(entry.key)
             for delivery_id in entry.delivery_ids:

@@ -18,12 +18,15 @@ from notifier.testing import Received
 from .ledger import (
     Answer,
     Ledger,
+    Observation,
     Report,
     State,
+    answered_during,
     check,
     classify_exception,
     classify_response,
     delivery_ids_of,
+    outage_violations,
     send_events,
 )
 
@@ -305,9 +308,49 @@ def test_summary_is_one_line_with_counts_then_problems() -> None:
     report = check(ledger_of(TWO_EVENTS), ["d1", "d1", "x9"], ALL_DELIVERED)
     assert report.summary() == (
         "accepted=2 rejected=0 unknown_left=0 recovered=0 deliveries=3 delivered=1 dead=0"
-        " lost=2 duplicated=1 unexpected=1; lost: d2, d3; unexpected: x9; duplicated: d1"
+        " lost=2 duplicated=1 unexpected=1 not_stored=0; lost: d2, d3; unexpected: x9;"
+        " duplicated: d1"
     )
     assert "\n" not in report.summary()
+
+
+def test_an_accepted_event_that_postgres_does_not_have_is_not_stored() -> None:
+    # k2's event row is gone (its deliveries too): both counted, and the report is not ok
+    report = check(ledger_of(TWO_EVENTS), ["d1"], {"d1": DELIVERED}, stored_event_ids={"e-k1"})
+    assert (report.not_stored, report.lost) == (1, 2)
+    assert report.examples["not_stored"] == ("k2",)
+    assert not report.ok(max_duplicates=10)
+    stored = check(ledger_of(TWO_EVENTS), ["d1", "d2", "d3"], ALL_DELIVERED, {"e-k1", "e-k2"})
+    assert (stored.not_stored, stored.ok(max_duplicates=0)) == (0, True)
+
+
+def obs(
+    key: str, sent_at: float, answered_at: float, status: int | None, retry: str | None = None
+) -> Observation:
+    return Observation(key, sent_at, answered_at, status, retry)
+
+
+OUTAGE = [(10.0, 20.0), (30.0, 35.0)]
+
+
+@pytest.mark.parametrize(
+    ("observation", "inside", "violation"),
+    [
+        (obs("a", 11, 12, 503, "1"), True, False),  # the promised answer
+        (obs("b", 11, 12, 202), True, True),  # accepted while Postgres was down
+        (obs("c", 31, 32, 200), True, True),  # a replay answer needs Postgres too
+        (obs("d", 11, 12, 503), True, True),  # 503 without Retry-After
+        (obs("e", 11, 12, 500, "1"), True, True),  # a 500 is not the promised answer
+        (obs("f", 11, 12, None), True, True),  # no answer at all
+        (obs("g", 9, 12, 202), False, False),  # sent before the outage: may have committed
+        (obs("h", 19, 21, 202), False, False),  # answered after it
+        (obs("i", 10, 20, 503, "1"), True, False),  # the edges belong to the window
+        (obs("j", 21, 29, 202), False, False),  # between two outages
+    ],
+)
+def test_outage_rule(observation: Observation, inside: bool, violation: bool) -> None:
+    assert (answered_during([observation], OUTAGE) == [observation]) is inside
+    assert (outage_violations([observation], OUTAGE) == [observation]) is violation
 
 
 def test_delivery_ids_of_reads_the_webhook_id_header() -> None:
@@ -329,7 +372,12 @@ class FakeApi:
     a status (no event stored), an exception class (no answer, nothing stored), ``"lost_answer"``
     (stored, then the connection drops), ``"slow"`` (takes 5 s, then answers)."""
 
-    def __init__(self, scripts: dict[str, list[Step]] | None = None) -> None:
+    def __init__(
+        self,
+        scripts: dict[str, list[Step]] | None = None,
+        payload: Any = None,  # (n) -> the payload event n must carry; None: {"seq": n}
+    ) -> None:
+        self.payload = payload or (lambda n: {"seq": n})
         self.scripts = {k: deque(v) for k, v in (scripts or {}).items()}
         self.always: dict[str, int] = {}  # key -> status every attempt answers
         self.attempts: list[tuple[float, str]] = []  # (trio time, key) of every request
@@ -354,7 +402,7 @@ class FakeApi:
         body: dict[str, Any] = json.loads(request.content)
         seq = body["payload"]["seq"]
         key = f"chaos-{seq}"
-        assert body == {"type": "chaos.test", "payload": {"seq": seq}, "idempotency_key": key}
+        assert body == {"type": "chaos.test", "payload": self.payload(seq), "idempotency_key": key}
         self.attempts.append((trio.current_time(), key))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -375,7 +423,9 @@ class FakeApi:
         if isinstance(step, type):
             raise step("injected", request=request)
         if isinstance(step, int):
-            return httpx.Response(step, json={"error": {"code": "x", "message": "injected"}})
+            headers = {"Retry-After": "1"} if step == 503 else {}
+            error = {"error": {"code": "x", "message": "injected"}}
+            return httpx.Response(step, json=error, headers=headers)
         status = 200 if key in self.stored else 202
         self.stored.add(key)
         if step == "lost_answer":
@@ -473,6 +523,33 @@ async def test_unknown_events_are_retried_with_the_same_key(
     assert trio.current_time() == 6.8
     # the fake stored each accepted event exactly once, whatever the number of attempts
     assert api.stored == {k for k, s in states.items() if s is State.ACCEPTED}
+
+
+async def test_every_request_is_observed_with_its_times_and_retry_after(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    api = FakeApi({"chaos-1": [503, "slow"], "chaos-2": [httpx.ConnectError]})
+    ledger = Ledger()
+    async with client_for(api) as client:
+        await send_events(client, ledger, count=3, rate_per_second=10)
+    assert ledger.observations == [
+        Observation("chaos-0", 0.0, 0.0, 202),
+        Observation("chaos-1", 0.1, 0.1, 503, "1"),
+        Observation("chaos-2", 0.2, 0.2, None),
+        Observation("chaos-2", 1.2, 1.2, 202),  # the retry round, one second after the pass
+        Observation("chaos-1", 1.2, 6.2, 202),  # sent with it, answered slowly
+    ]
+
+
+async def test_a_payload_function_shapes_each_event(mock_clock: trio.testing.MockClock) -> None:
+    def payload(n: int) -> dict[str, object]:
+        return {"seq": n, "marker": n % 2 == 1}
+
+    api = FakeApi(payload=payload)  # the fake checks every body against it
+    ledger = Ledger()
+    async with client_for(api) as client:
+        await send_events(client, ledger, count=4, rate_per_second=10, payload=payload)
+    assert ledger.count(State.ACCEPTED) == 4
 
 
 async def test_without_retry_time_unknowns_stay_unknown(

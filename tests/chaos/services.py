@@ -1,0 +1,85 @@
+"""The machine's own Postgres and RabbitMQ, stopped, killed and restarted by the scenarios that
+need it. Each call is bounded; ``ensure_services`` (the same script ``just test`` runs) brings
+back whatever is down, and every scenario that touches a service calls it in ``finally``.
+
+Only the broker's own process is ever killed, by the PID the broker reports for itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_VERSION = sorted(os.listdir("/etc/postgresql"))[0] if Path("/etc/postgresql").is_dir() else ""
+
+
+def _run(*command: str, timeout: float = 120) -> str:
+    return subprocess.run(
+        command, check=True, capture_output=True, text=True, timeout=timeout
+    ).stdout.strip()
+
+
+def ensure_services() -> None:
+    """Start Postgres and RabbitMQ if they are down and wait until both answer."""
+    _run(str(ROOT / "scripts" / "ensure-services"), timeout=180)
+
+
+def pg_ctl(*args: str) -> None:
+    """``pg_ctlcluster <version> main <args>`` (it waits for the operation to finish)."""
+    _run("pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, "main", *args)
+
+
+def rabbitmqctl(*args: str, timeout: float = 60) -> str:
+    return _run("rabbitmqctl", "-q", *args, timeout=timeout)
+
+
+def rabbitmq_await_startup(timeout_seconds: float = 120) -> None:
+    """Until the broker says it has fully booted (``await_startup`` fails at once while the node
+    is not up at all, so it is asked again)."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            rabbitmqctl("await_startup", "--timeout", "30", timeout=40)
+            return
+        except subprocess.CalledProcessError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)  # a synchronous poll, in a worker thread
+
+
+def rabbitmq_kill() -> None:
+    """``kill -9`` the broker's Erlang VM (by the PID it reports), wait until it is gone."""
+    pid = int(rabbitmqctl("eval", "list_to_integer(os:getpid())."))
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"RabbitMQ (pid {pid}) still runs 30 s after SIGKILL")
+        time.sleep(0.05)  # a synchronous poll, in a worker thread
+
+
+def rabbitmq_start() -> None:
+    _run("rabbitmq-server", "-detached")
+    rabbitmq_await_startup()
+
+
+def rabbitmq_memory_watermark() -> str:
+    """The memory high watermark as the broker reports it: ``0.4`` or ``{absolute,N}``."""
+    return rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+
+
+def rabbitmq_set_memory_watermark(value: str) -> None:
+    """``value`` as ``rabbitmq_memory_watermark`` gives it; ``"0"`` raises the memory alarm
+    at once (every publishing connection is blocked)."""
+    if value.startswith("{absolute,"):
+        rabbitmqctl("set_vm_memory_high_watermark", "absolute", value[10:].rstrip("}"))
+    else:
+        rabbitmqctl("set_vm_memory_high_watermark", value)
+
+
+def rabbitmq_alarms() -> str:
+    return rabbitmqctl("eval", "rabbit_alarm:get_alarms().")
