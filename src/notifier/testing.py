@@ -436,7 +436,8 @@ class MemoryOutbox:
 
 class MemoryBroker:
     """Routes by (exchange, routing key) like a direct exchange. Unroutable messages come back
-    ``RETURNED``; ``nack_next``/``drop_confirms`` simulate a refusing or silent broker."""
+    ``RETURNED``; ``nack_next``/``drop_confirms`` simulate a refusing or silent broker;
+    ``block()``/``unblock()`` a broker alarm (publishes go unconfirmed and land nowhere)."""
 
     def __init__(self) -> None:
         self.bindings: dict[tuple[str, str], str] = {}
@@ -445,6 +446,22 @@ class MemoryBroker:
         self.nack_next = 0
         self.drop_confirms = False
         self.closed = False
+        self._unblocked: trio.Event | None = None  # set while blocked
+
+    def block(self) -> None:
+        if self._unblocked is None:
+            self._unblocked = trio.Event()
+
+    def unblock(self) -> None:
+        if self._unblocked is not None:
+            self._unblocked.set()
+            self._unblocked = None
+
+    async def wait_publishable(self) -> None:
+        if self._unblocked is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._unblocked.wait()
 
     def bind(self, exchange: str, routing_key: str, queue: str) -> None:
         self.bindings[(exchange, routing_key)] = queue
@@ -465,7 +482,9 @@ class MemoryBroker:
         for m in messages:
             self.published.append(m)
             queue = self.bindings.get((m.exchange, m.routing_key))
-            if self.drop_confirms:
+            if self._unblocked is not None:
+                results.append(Confirm.UNCONFIRMED)  # held by the alarm past the timeout
+            elif self.drop_confirms:
                 if queue:
                     self.queues[queue].append(m)  # it may have landed; we just never heard
                 results.append(Confirm.UNCONFIRMED)

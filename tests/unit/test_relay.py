@@ -66,6 +66,21 @@ class SilentFor(MemoryBroker):
         ]
 
 
+class BlocksUnder(TimedBroker):
+    """A broker that raises an alarm while the next batch is in flight: the batch goes
+    unconfirmed and the connection stays blocked until ``unblock()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block_next = True
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        if self.block_next:
+            self.block_next = False
+            self.block()
+        return await super().publish_batch(messages)
+
+
 # -- relay_once ---------------------------------------------------------------------------------
 
 
@@ -325,6 +340,67 @@ async def test_loop_raises_when_publishes_go_unconfirmed(
     with pytest.raises(BrokerError):
         await relay_loop(outbox, mq, stop, batch_size=10, poll_interval_seconds=POLL)
     assert len(outbox.rows) == 1
+
+
+async def test_loop_claims_nothing_while_the_broker_blocks_publishing(
+    mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.block()  # a memory alarm: publishes would only time out
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(30)
+        assert (mq.published, len(outbox.rows)) == ([], 1)
+        mq.unblock()
+        await mq.wait_published()
+        stop.set()
+    assert mq.published_at == [30.0]  # at once when the block lifted
+    assert outbox.rows == {}
+    assert [r.getMessage() for r in caplog.records if r.name == "notifier.relay"] == [
+        "the broker is blocking publishes (a memory or disk alarm); the relay waits",
+        "the broker accepts publishes again; the relay goes on",
+    ]
+
+
+async def test_loop_stops_promptly_while_the_broker_blocks_publishing(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.block()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(5)
+        stop.set()
+    assert trio.current_time() == 5.0
+    assert (mq.published, len(outbox.rows)) == ([], 1)
+
+
+async def test_a_batch_held_by_a_broker_block_keeps_its_rows_without_failing(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq = MemoryOutbox(), BlocksUnder()
+    outbox.add(delivery(1), "webhook", b"")
+    assert await relay_once(outbox, mq, batch_size=10) == 1  # no BrokerError: not broken
+    assert (len(mq.published), len(outbox.rows)) == (1, 1)  # sent, unconfirmed, kept
+    assert trio.current_time() == 0.5  # the probe of the publisher's readiness
+
+
+async def test_loop_waits_out_a_block_that_began_under_a_batch(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), BlocksUnder(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        await trio.sleep(20)
+        assert (len(mq.published), len(outbox.rows)) == (1, 1)  # only the held batch
+        mq.unblock()
+        await mq.wait_published()
+        stop.set()
+    assert mq.published_at == [0.0, 20.0]  # the held batch, again as soon as the block lifted
+    assert outbox.rows == {}
 
 
 async def run_loop(

@@ -105,7 +105,7 @@ class AmqpConnection:
         except _BROKER_ERRORS as exc:
             raise BrokerError(f"opening a publisher channel failed: {exc!r}") from exc
         try:
-            yield AmqpPublisher(ch, timeout_seconds)
+            yield AmqpPublisher(ch, timeout_seconds, self._conn)
         finally:
             await _close_quietly(ch)
 
@@ -201,13 +201,27 @@ def _publish_properties(m: Outgoing) -> dict[str, Any]:
 class AmqpPublisher:
     """Trio-flavoured publisher on one confirm-mode channel."""
 
-    def __init__(self, channel: aiormq.abc.AbstractChannel, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        timeout_seconds: float,
+        connection: aiormq.abc.AbstractConnection,
+    ) -> None:
         self._ch = channel
         self._timeout = timeout_seconds
+        self._conn = connection
 
     def check(self) -> None:
         if self._ch.is_closed:
             raise BrokerError("publisher channel is closed")
+
+    async def wait_publishable(self) -> None:
+        """Trio-flavoured. aiormq's ``ready()``: connected and not blocked by the broker (it
+        sends ``connection.blocked`` during a memory or disk alarm and holds our frames)."""
+        try:
+            await aio(self._conn.ready)
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"the publishing connection failed: {exc!r}") from exc
 
     async def wait_closed(self) -> None:
         """Trio-flavoured. Return when the channel is closed (by either side)."""

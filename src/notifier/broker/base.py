@@ -43,6 +43,11 @@ class Publisher(Protocol):
         """Raise ``BrokerError`` if the publisher can no longer publish (channel lost)."""
         ...
 
+    async def wait_publishable(self) -> None:
+        """Trio-flavoured. Return once the broker accepts publishes from this publisher: at
+        once, except while it blocks publishing connections (a memory or disk alarm)."""
+        ...
+
 
 class Incoming:
     """One consumed message. ``settle`` only records the outcome; the consumer that delivered

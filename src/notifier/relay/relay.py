@@ -25,6 +25,11 @@ from notifier.store.rows import OutboxRow
 
 log = logging.getLogger("notifier.relay")
 
+# A publisher not ready within this long is blocked by the broker (an alarm): say so, then wait.
+BLOCKED_NOTICE_SECONDS = 1.0
+# After unconfirmed publishes: a publisher not ready within this long is blocked, not broken.
+BLOCKED_PROBE_SECONDS = 0.5
+
 
 class Claim(Protocol):
     rows: list[OutboxRow]
@@ -82,7 +87,14 @@ async def relay_once(
         )
     if unconfirmed:
         publisher.check()  # a broken channel ends this relay run, so the supervisor reconnects
-        raise BrokerError(f"{unconfirmed} publishes were not confirmed in time")
+        with trio.move_on_after(BLOCKED_PROBE_SECONDS) as probe:
+            await publisher.wait_publishable()
+        if not probe.cancelled_caught:
+            raise BrokerError(f"{unconfirmed} publishes were not confirmed in time")
+        # The broker blocked the connection under this batch (an alarm): it holds our frames.
+        # The rows stay and are published again once it lifts (relay_loop waits for that); a
+        # reconnect would only run into the same block.
+        log.warning("%d publishes were held by a broker block; their rows stay", unconfirmed)
     return len(claim.rows)
 
 
@@ -100,6 +112,9 @@ async def relay_loop(
     async with store.open_doorbell() as bell:
         task_status.started()
         while not stop.is_set():
+            await _wait_publishable(publisher, stop)
+            if stop.is_set():
+                break
             bell.clear()
             if await relay_once(store, publisher, batch_size, metrics) >= batch_size:
                 continue  # probably more waiting: no need to wait for the bell
@@ -107,3 +122,16 @@ async def relay_loop(
                 raise StoreUnavailable("the outbox LISTEN connection was lost")
             with stop.intake(), trio.move_on_after(poll_interval_seconds):
                 await bell.wait()
+
+
+async def _wait_publishable(publisher: Publisher, stop: Stop) -> None:
+    """Trio-flavoured. Claim nothing while the broker blocks publishing (DESIGN §10: a memory or
+    disk alarm): publishes would only time out, and the relay would reconnect into the same
+    block again and again. Return when it lifts, or on ``stop``."""
+    with trio.move_on_after(BLOCKED_NOTICE_SECONDS):
+        await publisher.wait_publishable()
+        return
+    log.warning("the broker is blocking publishes (a memory or disk alarm); the relay waits")
+    with stop.intake():
+        await publisher.wait_publishable()
+        log.warning("the broker accepts publishes again; the relay goes on")
