@@ -286,7 +286,13 @@ async def run(scenario: Scenario, database_url: str, broker_url: str, vhost: str
     return outcome
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(s, id=s.name, marks=[pytest.mark.stops_services] if s.touches_services else [])
+        for s in SCENARIOS
+    ],
+)
 async def test_no_accepted_event_is_lost(
     scenario: Scenario, database_url: str, broker_url: str, vhost: str, tmp_path: Path
 ) -> None:
