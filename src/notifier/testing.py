@@ -457,11 +457,17 @@ class MemoryBroker:
             self._unblocked.set()
             self._unblocked = None
 
+    def close(self) -> None:
+        """The connection is lost (a publisher waiting out a block wakes up to the error)."""
+        self.closed = True
+        self.unblock()
+
     async def wait_publishable(self) -> None:
         if self._unblocked is None:
             await trio.lowlevel.checkpoint()
         else:
             await self._unblocked.wait()
+        self.check()
 
     def bind(self, exchange: str, routing_key: str, queue: str) -> None:
         self.bindings[(exchange, routing_key)] = queue

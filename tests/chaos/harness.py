@@ -30,11 +30,12 @@ from notifier.testing_smtp import SmtpSink, open_smtp_server
 from tests.chaos.ledger import Ledger, Report, check, send_events
 from tests.chaos.proxy import FaultProxy, open_fault_proxy
 from tests.chaos.services import ROOT
-from tests.integration.conftest import create_tenant, poll, sql
+from tests.integration.conftest import create_tenant, poll, queue_depths, sql
 
 SECRET = generate_secret()
 AMQP_PORT = 5672
-# How long the drain phase may take: every accepted event delivered or dead, the outbox empty.
+# How long the drain phase may take: every accepted event delivered or dead, the outbox empty,
+# the main and retry queues empty.
 DRAIN_TIMEOUT_SECONDS = 120.0
 
 
@@ -201,6 +202,8 @@ class Scenario:
     # delivery ids that may end DEAD (with a reason) instead of being received
     expect_dead: Callable[[Outcome], set[str]] | None = None
     touches_services: bool = False  # stops or alters Postgres/RabbitMQ: ensure_services after
+    log_has: tuple[str, ...] = ()  # texts notifier's log must contain
+    log_lacks: tuple[str, ...] = ()  # ... and must not
 
 
 @dataclass
@@ -218,13 +221,23 @@ class Outcome:
 
 
 async def drained(database_url: str) -> bool:
-    """The outbox is empty and no delivery is unfinished."""
+    """The outbox is empty and no delivery is unfinished (in Postgres)."""
     (row,) = await sql(
         database_url,
         "SELECT (SELECT count(*) FROM outbox) AS outbox, (SELECT count(*) FROM deliveries "
         "WHERE status IN ('PENDING', 'RETRYING')) AS open",
     )
     return bool(row["outbox"] == 0 and row["open"] == 0)
+
+
+def busy_queues(vhost: str) -> dict[str, int]:
+    """The queues of ``vhost`` that still hold messages (ready or unacked), dead-letter queues
+    left out (they keep what died, on purpose)."""
+    return {q: n for q, n in queue_depths(vhost).items() if n and not q.endswith(".dead")}
+
+
+async def queues_empty(vhost: str) -> bool:
+    return not await trio.to_thread.run_sync(busy_queues, vhost)
 
 
 async def final_states(database_url: str) -> dict[str, tuple[str, str | None]]:
@@ -376,6 +389,8 @@ async def _run(
             loaded_at = trio.current_time()
             with trio.fail_after(DRAIN_TIMEOUT_SECONDS):
                 await poll(lambda: drained(database_url), interval_seconds=0.25)
+                # and no copy is left in a main or retry queue (a duplicate still to be acked)
+                await poll(lambda: queues_empty(vhost), interval_seconds=0.25)
             service.timings.drain_seconds = trio.current_time() - loaded_at
             arrivals = [r.at for r in sink.received] + (
                 [m.at for m in smtp.received] if smtp else []
@@ -391,7 +406,8 @@ async def _run(
             )
             channels = await delivery_channels(database_url)
         finally:
-            await service.stop()
+            with trio.CancelScope(shield=True):  # bounded: SIGTERM, then SIGKILL
+                await service.stop()
     return Outcome(report, service, context, webhook_ids, email_ids, states, channels)
 
 

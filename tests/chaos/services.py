@@ -67,18 +67,35 @@ def rabbitmq_start() -> None:
     rabbitmq_await_startup()
 
 
+# RabbitMQ's default memory high watermark (a fraction of the machine's memory)
+DEFAULT_MEMORY_WATERMARK = "0.4"
+
+
 def rabbitmq_memory_watermark() -> str:
-    """The memory high watermark as the broker reports it: ``0.4`` or ``{absolute,N}``."""
-    return rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+    """The memory high watermark as the broker reports it: ``0.4``, ``{absolute,N}`` or
+    ``{absolute,"2GB"}``. A watermark of 0 can only be the leftover of an aborted alarm
+    scenario: the default is reported instead, so that it is what gets restored."""
+    value = rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+    return DEFAULT_MEMORY_WATERMARK if value in ("0", "0.0") else value
 
 
 def rabbitmq_set_memory_watermark(value: str) -> None:
     """``value`` as ``rabbitmq_memory_watermark`` gives it; ``"0"`` raises the memory alarm
     at once (every publishing connection is blocked)."""
     if value.startswith("{absolute,"):
-        rabbitmqctl("set_vm_memory_high_watermark", "absolute", value[10:].rstrip("}"))
+        limit = value.removeprefix("{absolute,").rstrip("}").strip('"')
+        rabbitmqctl("set_vm_memory_high_watermark", "absolute", limit)
     else:
         rabbitmqctl("set_vm_memory_high_watermark", value)
+
+
+def rabbitmq_clear_memory_alarm() -> None:
+    """If a memory alarm is on while the watermark is 0 (an alarm scenario that could not
+    restore it), put the default back."""
+    if "memory" in rabbitmq_alarms():
+        raw = rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+        if raw in ("0", "0.0"):
+            rabbitmq_set_memory_watermark(DEFAULT_MEMORY_WATERMARK)
 
 
 def rabbitmq_alarms() -> str:

@@ -261,7 +261,9 @@ SCENARIOS = [
     Scenario("poison messages in the main queue", publish_poison),
     Scenario("main queue deleted mid-stream", delete_main_queue, max_duplicates=FAULT_DUPLICATES),
     Scenario("rabbitmq memory alarm for 20 s", rabbitmq_memory_alarm, touches_services=True,
-             max_duplicates=FAULT_DUPLICATES),
+             max_duplicates=FAULT_DUPLICATES,
+             log_has=("the relay waits", "the broker accepts publishes again"),
+             log_lacks=("relay failed",)),
 ]  # fmt: skip
 
 
@@ -280,8 +282,9 @@ async def run(scenario: Scenario, database_url: str, broker_url: str, vhost: str
             tmp_path=tmp_path,
         )  # fmt: skip
     finally:
-        if scenario.touches_services:  # whatever happened, leave both services running
-            await trio.to_thread.run_sync(services.ensure_services)
+        if scenario.touches_services:  # whatever happened, leave both services as they were
+            await _restoring(services.ensure_services)
+            await _restoring(services.rabbitmq_clear_memory_alarm)
     await assert_guarantees(scenario, outcome, broker_url)
     return outcome
 
@@ -330,6 +333,10 @@ async def assert_guarantees(scenario: Scenario, outcome: Outcome, broker_url: st
     # no component crashed (restarts after a lost broker or database are by design), and the
     # process ran until the end and stopped gracefully
     assert crash_lines(service.log()) == []
+    for text in scenario.log_has:
+        assert text in service.log(), f"{text!r} is not in the log" + log_tail
+    for text in scenario.log_lacks:
+        assert text not in service.log(), f"{text!r} is in the log" + log_tail
     assert service.exit_code == 0, log_tail
 
 

@@ -377,6 +377,25 @@ async def test_loop_stops_promptly_while_the_broker_blocks_publishing(
     assert (mq.published, len(outbox.rows)) == ([], 1)
 
 
+async def test_loop_fails_when_the_connection_is_lost_while_blocked(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.block()
+
+    async def lose_the_connection() -> None:
+        await trio.sleep(10)
+        mq.close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lose_the_connection)
+        with pytest.raises(BrokerError, match="closed"):
+            await relay_loop(outbox, mq, stop, batch_size=10, poll_interval_seconds=POLL)
+    assert trio.current_time() == 10.0  # at once, so the supervisor reconnects
+    assert (mq.published, len(outbox.rows)) == ([], 1)
+
+
 async def test_a_batch_held_by_a_broker_block_keeps_its_rows_without_failing(
     mock_clock: trio.testing.MockClock,
 ) -> None:

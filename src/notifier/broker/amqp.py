@@ -216,12 +216,31 @@ class AmqpPublisher:
             raise BrokerError("publisher channel is closed")
 
     async def wait_publishable(self) -> None:
-        """Trio-flavoured. aiormq's ``ready()``: connected and not blocked by the broker (it
-        sends ``connection.blocked`` during a memory or disk alarm and holds our frames)."""
-        try:
-            await aio(self._conn.ready)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"the publishing connection failed: {exc!r}") from exc
+        """Trio-flavoured. Wait for aiormq's ``ready()`` (connected and not blocked by the
+        broker, which sends ``connection.blocked`` during a memory or disk alarm and holds our
+        frames), raising ``BrokerError`` if the channel or connection closes first: a connection
+        lost while blocked never becomes ready."""
+        self.check()
+        closed = False
+        async with trio.open_nursery() as nursery:
+
+            async def ready() -> None:
+                await aio(self._conn.ready)
+                nursery.cancel_scope.cancel()
+
+            async def closing(
+                obj: aiormq.abc.AbstractConnection | aiormq.abc.AbstractChannel,
+            ) -> None:
+                nonlocal closed
+                await _wait_closing(obj)
+                closed = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(ready)
+            nursery.start_soon(closing, self._ch)
+            nursery.start_soon(closing, self._conn)
+        if closed:
+            raise BrokerError("the publishing connection closed while waiting to publish")
 
     async def wait_closed(self) -> None:
         """Trio-flavoured. Return when the channel is closed (by either side)."""

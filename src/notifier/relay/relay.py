@@ -127,11 +127,12 @@ async def relay_loop(
 async def _wait_publishable(publisher: Publisher, stop: Stop) -> None:
     """Trio-flavoured. Claim nothing while the broker blocks publishing (DESIGN §10: a memory or
     disk alarm): publishes would only time out, and the relay would reconnect into the same
-    block again and again. Return when it lifts, or on ``stop``."""
-    with trio.move_on_after(BLOCKED_NOTICE_SECONDS):
-        await publisher.wait_publishable()
-        return
-    log.warning("the broker is blocking publishes (a memory or disk alarm); the relay waits")
+    block again and again. Return when it lifts, or on ``stop``; raise ``BrokerError`` when
+    the connection is lost meanwhile (the supervisor reconnects)."""
     with stop.intake():
+        with trio.move_on_after(BLOCKED_NOTICE_SECONDS):
+            await publisher.wait_publishable()
+            return
+        log.warning("the broker is blocking publishes (a memory or disk alarm); the relay waits")
         await publisher.wait_publishable()
         log.warning("the broker accepts publishes again; the relay goes on")
