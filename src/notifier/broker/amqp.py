@@ -219,28 +219,24 @@ class AmqpPublisher:
         """Trio-flavoured. Wait for aiormq's ``ready()`` (connected and not blocked by the
         broker, which sends ``connection.blocked`` during a memory or disk alarm and holds our
         frames), raising ``BrokerError`` if the channel or connection closes first: a connection
-        lost while blocked never becomes ready."""
+        lost while blocked never becomes ready. One bridge crossing."""
         self.check()
-        closed = False
-        async with trio.open_nursery() as nursery:
-
-            async def ready() -> None:
-                await aio(self._conn.ready)
-                nursery.cancel_scope.cancel()
-
-            async def closing(
-                obj: aiormq.abc.AbstractConnection | aiormq.abc.AbstractChannel,
-            ) -> None:
-                nonlocal closed
-                await _wait_closing(obj)
-                closed = True
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(ready)
-            nursery.start_soon(closing, self._ch)
-            nursery.start_soon(closing, self._conn)
-        if closed:
+        if not await aio(self._ready_or_closed):
             raise BrokerError("the publishing connection closed while waiting to publish")
+
+    async def _ready_or_closed(self) -> bool:
+        """Asyncio-flavoured: True once the connection is ready, False if the channel or the
+        connection closed first."""
+        ready = asyncio.ensure_future(self._conn.ready())
+        # independent observers of the closing (cancelling one closes nothing)
+        closings = [self._ch.closing, self._conn.closing]
+        try:
+            await asyncio.wait([ready, *closings], return_when=asyncio.FIRST_COMPLETED)
+            return ready.done() and not any(c.done() for c in closings)
+        finally:  # before the observers are cancelled, which makes them done
+            for waiting in (ready, *closings):
+                if not waiting.done():
+                    waiting.cancel()
 
     async def wait_closed(self) -> None:
         """Trio-flavoured. Return when the channel is closed (by either side)."""
