@@ -446,7 +446,7 @@ class MemoryBroker:
         self.nack_next = 0
         self.drop_confirms = False
         self.closed = False
-        self._unblocked: trio.Event | None = None  # set while blocked
+        self._unblocked: trio.Event | None = None  # while blocked: set when the block lifts
 
     def block(self) -> None:
         if self._unblocked is None:

@@ -25,7 +25,7 @@ import httpx
 import trio
 
 from notifier.adapters.webhook import generate_secret
-from notifier.testing import WebhookSink
+from notifier.testing import WebhookSink, open_sink
 from notifier.testing_smtp import SmtpSink, open_smtp_server
 from tests.chaos.ledger import Ledger, Report, check, send_events
 from tests.chaos.proxy import FaultProxy, open_fault_proxy
@@ -312,8 +312,6 @@ async def run_scenario(
 
 @asynccontextmanager
 async def _receivers(scenario: Scenario) -> AsyncIterator[tuple[WebhookSink, SmtpSink | None]]:
-    from notifier.testing import open_sink
-
     async with AsyncExitStack() as stack:
         sink = await stack.enter_async_context(open_sink())
         smtp = (
@@ -354,14 +352,10 @@ async def _run(
             }  # fmt: skip
         for table, values in scenario.config.items():
             sections.setdefault(table, {}).update(values)
-        config_path = write_config(tmp_path / "notifier.toml", sections)
-        log_path = tmp_path / "notifier.log"
-        if scenario.child_args:
-            service = ServiceProcess(
-                config_path, log_path, "tests.chaos.child", scenario.child_args
-            )
-        else:
-            service = ServiceProcess(config_path, log_path)
+        service = ServiceProcess(
+            write_config(tmp_path / "notifier.toml", sections), tmp_path / "notifier.log",
+            *(("tests.chaos.child", scenario.child_args) if scenario.child_args else ()),
+        )  # fmt: skip
         service.start()
         try:
             await wait_ready(base_url)

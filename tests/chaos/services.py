@@ -8,10 +8,12 @@ Only the broker's own process is ever killed, by the PID the broker reports for 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
-import time
 from pathlib import Path
+
+from tests.integration.conftest import rabbitmqctl
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_VERSION = sorted(os.listdir("/etc/postgresql"))[0] if Path("/etc/postgresql").is_dir() else ""
@@ -33,50 +35,38 @@ def pg_ctl(*args: str) -> None:
     _run("pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, "main", *args)
 
 
-def rabbitmqctl(*args: str, timeout: float = 60) -> str:
-    return _run("rabbitmqctl", "-q", *args, timeout=timeout)
-
-
-def rabbitmq_await_startup(timeout_seconds: float = 120) -> None:
-    """Until the broker says it has fully booted (``await_startup`` fails at once while the node
-    is not up at all, so it is asked again)."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        try:
-            rabbitmqctl("await_startup", "--timeout", "30", timeout=40)
-            return
-        except subprocess.CalledProcessError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)  # a synchronous poll, in a worker thread
-
-
 def rabbitmq_kill() -> None:
-    """``kill -9`` the broker's Erlang VM (by the PID it reports), wait until it is gone."""
+    """``kill -9`` the broker's Erlang VM (by the PID it reports) and wait, up to 30 s, until it
+    has exited (its pidfd becomes readable). ``ensure_services`` starts it again."""
     pid = int(rabbitmqctl("eval", "list_to_integer(os:getpid())."))
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}").exists():
-        if time.monotonic() > deadline:
+    pidfd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        readable, _, _ = select.select([pidfd], [], [], 30)
+        if not readable:
             raise TimeoutError(f"RabbitMQ (pid {pid}) still runs 30 s after SIGKILL")
-        time.sleep(0.05)  # a synchronous poll, in a worker thread
-
-
-def rabbitmq_start() -> None:
-    _run("rabbitmq-server", "-detached")
-    rabbitmq_await_startup()
+    finally:
+        os.close(pidfd)
 
 
 # RabbitMQ's default memory high watermark (a fraction of the machine's memory)
 DEFAULT_MEMORY_WATERMARK = "0.4"
 
 
+def _watermark() -> str:
+    return rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().").strip()
+
+
+def _alarm_watermark(value: str) -> bool:
+    return value in ("0", "0.0")
+
+
 def rabbitmq_memory_watermark() -> str:
     """The memory high watermark as the broker reports it: ``0.4``, ``{absolute,N}`` or
     ``{absolute,"2GB"}``. A watermark of 0 can only be the leftover of an aborted alarm
     scenario: the default is reported instead, so that it is what gets restored."""
-    value = rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
-    return DEFAULT_MEMORY_WATERMARK if value in ("0", "0.0") else value
+    value = _watermark()
+    return DEFAULT_MEMORY_WATERMARK if _alarm_watermark(value) else value
 
 
 def rabbitmq_set_memory_watermark(value: str) -> None:
@@ -92,10 +82,8 @@ def rabbitmq_set_memory_watermark(value: str) -> None:
 def rabbitmq_clear_memory_alarm() -> None:
     """If a memory alarm is on while the watermark is 0 (an alarm scenario that could not
     restore it), put the default back."""
-    if "memory" in rabbitmq_alarms():
-        raw = rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
-        if raw in ("0", "0.0"):
-            rabbitmq_set_memory_watermark(DEFAULT_MEMORY_WATERMARK)
+    if "memory" in rabbitmq_alarms() and _alarm_watermark(_watermark()):
+        rabbitmq_set_memory_watermark(DEFAULT_MEMORY_WATERMARK)
 
 
 def rabbitmq_alarms() -> str:

@@ -16,6 +16,7 @@ from notifier.broker.amqp import AmqpPublisher, open_connection
 from notifier.broker.base import Confirm, Outgoing
 from notifier.errors import BrokerError
 from tests.chaos import services
+from tests.integration.conftest import rabbitmqctl
 
 pytestmark = pytest.mark.stops_services
 
@@ -74,10 +75,9 @@ async def test_a_connection_lost_while_blocked_fails_the_wait(broker_url: str, v
         assert await blocked(publisher)
         async with trio.open_nursery() as nursery:
 
-            async def close_connections() -> None:
-                await trio.sleep(0.5)
+            async def close_connections() -> None:  # while the wait below is under way
                 await trio.to_thread.run_sync(
-                    services.rabbitmqctl, "close_all_connections", "-p", vhost, "test"
+                    rabbitmqctl, "close_all_connections", "-p", vhost, "test"
                 )
 
             nursery.start_soon(close_connections)

@@ -363,12 +363,18 @@ async def test_loop_claims_nothing_while_the_broker_blocks_publishing(
     ]
 
 
+def blocked_with_one_row() -> tuple[MemoryOutbox, MemoryBroker, Stop]:
+    """An outbox with one row, a broker blocking publishes, a stop not yet requested."""
+    outbox, mq = MemoryOutbox(), broker()
+    outbox.add(delivery(1), "webhook", b"")
+    mq.block()
+    return outbox, mq, Stop()
+
+
 async def test_loop_stops_promptly_while_the_broker_blocks_publishing(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
-    outbox.add(delivery(1), "webhook", b"")
-    mq.block()
+    outbox, mq, stop = blocked_with_one_row()
     async with trio.open_nursery() as nursery:
         await nursery.start(run_loop, outbox, mq, stop)
         await trio.sleep(5)
@@ -380,9 +386,7 @@ async def test_loop_stops_promptly_while_the_broker_blocks_publishing(
 async def test_loop_fails_when_the_connection_is_lost_while_blocked(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    outbox, mq, stop = MemoryOutbox(), broker(), Stop()
-    outbox.add(delivery(1), "webhook", b"")
-    mq.block()
+    outbox, mq, stop = blocked_with_one_row()
 
     async def lose_the_connection() -> None:
         await trio.sleep(10)
