@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -94,6 +95,41 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+class StoreConflict(StoreUnavailable):
+    """Postgres rolled a transaction back to resolve a conflict with a concurrent one (a
+    serialization failure, 40001, or a deadlock, 40P01). Nothing of it was written and running
+    it again may well succeed: the store retries its transactions on it (``retry_conflicts``);
+    one that still conflicts is, for the caller, Postgres unavailable for now."""
+
+
+# Tries of a transaction that Postgres keeps rolling back for conflicts, and the first wait
+# between them (doubled each time, with jitter so the rivals do not meet again in step).
+CONFLICT_TRIES = 4
+CONFLICT_BACKOFF_SECONDS = 0.02
+
+
+async def retry_conflicts(
+    run: Callable[[], Awaitable[T]],
+    *,
+    tries: int = CONFLICT_TRIES,
+    backoff_seconds: float = CONFLICT_BACKOFF_SECONDS,
+) -> T:
+    """Trio-flavoured. ``run()`` — one whole transaction — again after a short jittered wait
+    while it raises ``StoreConflict``, at most ``tries`` times in all; the last conflict is
+    raised as ``StoreUnavailable`` (the API answers 503 with ``Retry-After``)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await run()
+        except StoreConflict as exc:
+            if attempt == tries:
+                raise StoreUnavailable(
+                    f"Postgres kept rolling the transaction back ({tries} tries): {exc}"
+                ) from exc
+            log.info("store: transaction rolled back (%s); trying again", exc)
+            await trio.sleep(backoff_seconds * 2 ** (attempt - 1) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
 def _crossing(
     fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
@@ -105,10 +141,28 @@ def _crossing(
             return await aio(fn, self, *args, **kwargs)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError) as exc:
+            raise StoreConflict(f"Postgres error: {exc}") from exc
         except (asyncpg.UntranslatableCharacterError, asyncpg.CharacterNotInRepertoireError) as exc:
             raise UnstorableText(f"Postgres cannot store this text: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"Postgres error: {exc}") from exc
+
+    return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], wrapper)
+
+
+def _transaction(
+    fn: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """``_crossing`` for a method whose body is one whole transaction (or one statement) that
+    can be run again from the start: a conflict with a concurrent transaction is retried
+    (``retry_conflicts``). Not for steps of a transaction that spans crossings (the outbox
+    claim): after a rollback there is nothing to run them in."""
+    crossing = _crossing(fn)
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await retry_conflicts(lambda: crossing(self, *args, **kwargs))
 
     return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], wrapper)
 
@@ -230,7 +284,7 @@ class Store:
 
     # -- schema and tenants -------------------------------------------------------------------
 
-    @_crossing
+    @_transaction
     async def migrate(self) -> None:
         sql = SCHEMA_PATH.read_text(encoding="utf-8")
         async with self._pool.acquire() as conn, conn.transaction():
@@ -241,7 +295,7 @@ class Store:
     async def ping(self) -> None:
         await self._pool.fetchval("SELECT 1")
 
-    @_crossing
+    @_transaction
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
         row = await self._pool.fetchrow(Q["tenant_create"], uuid.uuid4(), name, api_key_hash)
         assert row is not None
@@ -257,7 +311,7 @@ class Store:
 
     # -- channels -----------------------------------------------------------------------------
 
-    @_crossing
+    @_transaction
     async def create_channel(
         self,
         tenant_id: uuid.UUID,
@@ -312,7 +366,7 @@ class Store:
 
     # -- events -------------------------------------------------------------------------------
 
-    @_crossing
+    @_transaction
     async def ingest(
         self,
         tenant_id: uuid.UUID,
@@ -396,7 +450,7 @@ class Store:
         }
         return [found.get(i) for i in delivery_ids]
 
-    @_crossing
+    @_transaction
     async def record_attempts(
         self, recs: Sequence[AttemptRecord], *, disable_after_failing_seconds: float = 0.0
     ) -> list[bool]:
@@ -445,7 +499,7 @@ class Store:
 
     # -- operations: replay, reconciler, retention ---------------------------------------------
 
-    @_crossing
+    @_transaction
     async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
         """Enqueue one finished delivery again (``DEAD`` or ``DELIVERED`` → ``PENDING``, fresh
         attempt budget). Raises ``NotFound`` or ``NotReplayable`` having written nothing."""
@@ -468,7 +522,7 @@ class Store:
                 REPLAY_NOTE,
             )  # fmt: skip
 
-    @_crossing
+    @_transaction
     async def replay_deliveries(
         self,
         tenant_id: uuid.UUID,
@@ -490,20 +544,20 @@ class Store:
             more: bool = await conn.fetchval(Q["replay_more"], tenant_id, status, *filters)
         return len(rows), more
 
-    @_crossing
+    @_transaction
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
         """Enqueue stuck unfinished deliveries again (see ``reconcile`` in queries_ops.sql);
         return their ids."""
         rows = await self._pool.fetch(Q["reconcile"], float(stuck_after_seconds), limit)
         return [r["id"] for r in rows]
 
-    @_crossing
+    @_transaction
     async def delete_expired(self, *, retention_days: int, limit: int) -> int:
         """Delete up to ``limit`` finished events older than ``retention_days``; return how
         many."""
         return len(await self._pool.fetch(Q["retention"], retention_days, limit))
 
-    @_crossing
+    @_transaction
     async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]:
         """Delete outbox rows of finished or deleted deliveries; return how many, and how many
         rows the broker has refused at least ``refused_after`` times."""
@@ -556,7 +610,7 @@ class Store:
         rows = await self._pool.fetch(Q["amqp_tenants_by_names"], list(names))
         return {r["name"]: r["id"] for r in rows}
 
-    @_crossing
+    @_transaction
     async def ingest_each(
         self,
         events: Sequence[tuple[uuid.UUID, NewEvent]],
@@ -585,7 +639,9 @@ class Store:
                     outcomes[i] = UnknownChannels(sorted(missing))
                 else:
                     groups.setdefault(tenant_id, []).append(i)
-            for tenant_id, indexes in groups.items():
+            # Tenants in id order, like the keys within each (see insert_events): two batches
+            # holding the same tenants' keys in other orders cannot deadlock.
+            for tenant_id, indexes in sorted(groups.items()):
                 group = [events[i][1] for i in indexes]
                 found = await self._ingest_group(conn, tenant_id, group, max_attempts)
                 outcomes.update(zip(indexes, found, strict=True))

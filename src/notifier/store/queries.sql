@@ -48,7 +48,10 @@ SELECT id FROM channels WHERE tenant_id = $1 AND id = ANY($2::uuid[]);
 -- carrying each delivery's WorkerMessage (see notifier/messages.py). $2 is a JSON array of
 -- {id, type, recipient, payload, idempotency_key, request_hash, channel_ids}; $3 maps a channel
 -- type to its default max_attempts. Events whose idempotency key already exists are skipped
--- (ON CONFLICT DO NOTHING) and come back absent from the result.
+-- (ON CONFLICT DO NOTHING) and come back absent from the result. Events are inserted in key
+-- order, not in the order given: an insert whose key a concurrent transaction has just inserted
+-- waits for that one to finish, so two batches carrying the same keys in different orders would
+-- each wait for the other (a deadlock) — taking the keys in one order for all, they cannot.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(
         id uuid, type text, recipient text, payload jsonb, idempotency_key text,
@@ -56,7 +59,8 @@ WITH input AS (
 ),
 ev AS (
     INSERT INTO events (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
-    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input ORDER BY ord
+    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input
+    ORDER BY idempotency_key COLLATE "C", ord
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING id, type, recipient, payload, created_at
 ),
