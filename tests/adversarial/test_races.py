@@ -1,19 +1,26 @@
 """Racing writes against the real Postgres: batches carrying the same idempotency keys in
-opposite order. Database trouble is never a 500."""
+opposite order, and PATCHes of one channel racing each other, a secret rotation and the
+worker's automatic disable. Database trouble is never a 500, and a write never undoes a
+concurrent one it did not name."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from functools import partial
 
 import httpx
 import pytest
 import trio
 
+from notifier.adapters.webhook import PREVIOUS_SECRET, generate_secret
 from notifier.config import Config
-from tests.integration.conftest import create_tenant, run_notifier, scalar
+from notifier.store import open_store
+from notifier.store.rows import AttemptRecord
+from tests.integration.conftest import create_tenant, run_notifier, scalar, sql
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +40,11 @@ async def make_channel(api: httpx.AsyncClient) -> str:
         "type": "webhook", "config": {"url": "http://127.0.0.1:9/hook"}})  # fmt: skip
     assert resp.status_code == 201, resp.text
     return str(resp.json()["id"])
+
+
+def renames(api: httpx.AsyncClient, url: str, round: int) -> list[Request]:
+    """Four PATCHes naming only the channel's name."""
+    return [partial(api.patch, url, json={"name": f"r{round}-{n}"}) for n in range(4)]
 
 
 async def concurrently(*requests: Request) -> list[httpx.Response]:
@@ -77,3 +89,103 @@ async def test_batches_with_the_same_keys_in_opposite_order_never_deadlock_into_
         stored = await scalar(db, "SELECT count(*) FROM events")
         assert stored == 40 * ROUNDS
         assert await scalar(db, "SELECT count(*) FROM deliveries") == stored
+
+
+# -- racing PATCHes -----------------------------------------------------------------------------
+
+
+async def test_a_patch_naming_other_fields_never_re_enables_a_channel_disabled_meanwhile(
+    config: Config,
+) -> None:
+    async with api_client(config) as (api, _):
+        channel = await make_channel(api)
+        url = f"/v1/channels/{channel}"
+        with trio.fail_after(120):
+            for round in range(ROUNDS):
+                resp = await api.patch(url, json={"enabled": True})
+                assert resp.status_code == 200, resp.text
+                answers = await concurrently(
+                    *renames(api, url, round),
+                    partial(api.patch, url, json={"enabled": False}),
+                )
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                resp = await api.get(url)
+                assert resp.json()["enabled"] is False, f"re-enabled in round {round}"
+                assert resp.json()["disabled_reason"] == "disabled through the API"
+
+
+async def test_a_patch_never_undoes_a_secret_rotation_racing_it(config: Config) -> None:
+    async with api_client(config) as (api, db):
+        channel = await make_channel(api)
+        url = f"/v1/channels/{channel}"
+        with trio.fail_after(120):
+            for round in range(ROUNDS):
+                secret = generate_secret()
+                answers = await concurrently(
+                    *renames(api, url, round),
+                    partial(api.patch, url, json={
+                        "config": {"url": "http://127.0.0.1:9/hook", "secret": secret}}),
+                )  # fmt: skip
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                stored = await scalar(
+                    db, "SELECT config ->> 'secret' FROM channels WHERE id = $1",
+                    uuid.UUID(channel),
+                )  # fmt: skip
+                assert stored == secret, f"the rotation was undone in round {round}"
+
+
+async def test_two_rotations_racing_each_keep_the_replaced_secret_signing(
+    config: Config,
+) -> None:
+    """Each rotation is made against the config the other one left: whichever lands last keeps
+    the secret it replaced (the other new one) as the previous secret."""
+    async with api_client(config) as (api, db):
+        channel = await make_channel(api)
+        url = f"/v1/channels/{channel}"
+        with trio.fail_after(120):
+            for round in range(ROUNDS):
+                secrets = [generate_secret(), generate_secret()]
+                answers = await concurrently(*(
+                    partial(api.patch, url, json={
+                        "config": {"url": "http://127.0.0.1:9/hook", "secret": s}})
+                    for s in secrets
+                ))  # fmt: skip
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                (row,) = await sql(
+                    db, "SELECT config ->> 'secret', config ->> $2 FROM channels WHERE id = $1",
+                    uuid.UUID(channel), PREVIOUS_SECRET,
+                )  # fmt: skip
+                assert sorted([row[0], row[1]]) == sorted(secrets), f"round {round}"
+
+
+async def test_a_patch_never_re_enables_a_channel_the_worker_disabled_meanwhile(
+    config: Config,
+) -> None:
+    async with api_client(config) as (api, db), open_store(db, max_size=2) as store:
+        channel = await make_channel(api)
+        url = f"/v1/channels/{channel}"
+        with trio.fail_after(120):
+            for round in range(ROUNDS):
+                resp = await api.patch(url, json={"enabled": True})
+                assert resp.status_code == 200, resp.text
+                resp = await api.post("/v1/events", json={"type": "race.gone", "payload": {}})
+                assert resp.status_code == 202, resp.text
+                (target,) = resp.json()["deliveries"]
+                gone = AttemptRecord(
+                    delivery_id=uuid.UUID(target["id"]), attempt=1, status="DEAD",
+                    outcome="dead", started_at=datetime.now(UTC), duration_ms=1,
+                    error="HTTP 410: gone", disable_channel=True,
+                )  # fmt: skip
+
+                async def worker_disables(gone: AttemptRecord) -> httpx.Response:
+                    assert await store.record_attempt(gone)
+                    return httpx.Response(200)
+
+                answers = await concurrently(
+                    *renames(api, url, round),
+                    partial(worker_disables, gone),
+                )
+                assert {a.status_code for a in answers} == {200}, [a.text for a in answers]
+                resp = await api.get(url)
+                assert resp.json()["enabled"] is False, f"re-enabled in round {round}"
+                assert resp.json()["disabled_reason"] == "HTTP 410: gone"

@@ -62,13 +62,21 @@ from notifier.ingest.views import (
 from notifier.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.pg import (
+    ConfigChanged,
     IdempotencyConflict,
     NotFound,
     NotReplayable,
     Store,
     UnknownChannels,
 )
-from notifier.store.rows import DELIVERY_STATUSES, Channel, Delivery, Event, NewEvent
+from notifier.store.rows import (
+    DELIVERY_STATUSES,
+    Channel,
+    ChannelChanges,
+    Delivery,
+    Event,
+    NewEvent,
+)
 from notifier.validation import locate
 
 log = logging.getLogger("notifier.ingest")
@@ -78,6 +86,9 @@ TENANT_CACHE_SECONDS = 30.0
 RETRY_AFTER_SECONDS = 5
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+# Reads of a channel a PATCH of its config makes the new config from, at most: each further one
+# follows a concurrent change of the config between the read and the write.
+PATCH_CONFIG_TRIES = 5
 
 
 class ApiError(Exception):
@@ -414,23 +425,44 @@ def create_app(
 
     @app.patch("/v1/channels/<uuid:channel_id>")
     async def patch_channel(channel_id: uuid.UUID) -> Response:
+        """Change only the fields the body names: a concurrent change of the others (another
+        PATCH, the worker disabling the channel) stays. A new config is made from the stored
+        one (its secrets carried over, a rotation started); if the stored one changes before
+        the write, it is made again from the new one."""
         tenant_id = await tenant()
         patch = await body(ChannelPatch)
-        channel = await store.get_channel(tenant_id, channel_id)
-        if channel is None:
-            raise ApiError(404, "not_found", "channel not found")
-        changes = {k: v for k, v in msgspec.structs.asdict(patch).items() if v is not msgspec.UNSET}
-        if "config" in changes:
-            adapter = adapter_for(channel.type)
-            new_config = dict(changes["config"])
-            for key in adapter.secret_fields:  # secrets are kept unless replaced
-                if key not in new_config and key in channel.config:
-                    new_config[key] = channel.config[key]
-            changes["config"] = await prepare(adapter, new_config, channel.config)
-        updated = await store.update_channel(msgspec.structs.replace(channel, **changes))
-        if updated is None:
-            raise ApiError(404, "not_found", "channel not found")
-        return _json(_channel_view(updated, adapters.get(updated.type)))
+        named = {k: v for k, v in msgspec.structs.asdict(patch).items() if v is not msgspec.UNSET}
+        for _ in range(PATCH_CONFIG_TRIES):
+            channel = await store.get_channel(tenant_id, channel_id)
+            if channel is None:
+                raise ApiError(404, "not_found", "channel not found")
+            changes = dict(named)
+            if "config" in changes:
+                changes["config"] = await patched_config(channel, changes["config"])
+            try:
+                updated = await store.update_channel(
+                    tenant_id, channel_id, ChannelChanges(**changes),
+                    config_read=channel.config if "config" in changes else None,
+                )  # fmt: skip
+            except ConfigChanged:
+                continue
+            if updated is None:
+                raise ApiError(404, "not_found", "channel not found")
+            return _json(_channel_view(updated, adapters.get(updated.type)))
+        raise ApiError(
+            409, "conflict", "the channel's config kept changing while this PATCH was made; "
+            "send it again",
+        )  # fmt: skip
+
+    async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, Any]:
+        """The config a PATCH gives ``channel``: validated against its type, its stored
+        secrets kept unless replaced."""
+        adapter = adapter_for(channel.type)
+        new_config = dict(config)
+        for key in adapter.secret_fields:  # secrets are kept unless replaced
+            if key not in new_config and key in channel.config:
+                new_config[key] = channel.config[key]
+        return await prepare(adapter, new_config, channel.config)
 
     @app.delete("/v1/channels/<uuid:channel_id>")
     async def delete_channel(channel_id: uuid.UUID) -> Response:

@@ -63,7 +63,8 @@ _ERRORS = {
     405: ("MethodNotAllowed", "Wrong method for the path (`method_not_allowed`); `Allow` lists "
           "the right ones."),
     409: ("Conflict", "`idempotency_conflict`: the key was used with another body; "
-          "`not_replayable`: the delivery cannot be replayed now."),
+          "`not_replayable`: the delivery cannot be replayed now; `conflict`: the channel's "
+          "config kept changing while a PATCH of it was made (send it again)."),
     413: ("PayloadTooLarge", "The body is over `ingest.max_body_bytes` "
           "(`request_entity_too_large`); nothing was read further or written."),
     415: ("UnsupportedMediaType", "`Content-Type` is not `application/json` "
@@ -243,9 +244,11 @@ def build_openapi(
             "patch": _op(
                 "patchChannel", "channels", "Change any subset of a channel's fields",
                 {"200": _answer("The changed channel.", ChannelView),
-                 **_errors(400, 401, 404, 413, 415, 422, 503)},
-                description="A `config` without `secret` keeps the stored one; a new `secret` "
-                "starts a rotation. `enabled: true` re-enables the channel and resets its health.",
+                 **_errors(400, 401, 404, 409, 413, 415, 422, 503)},
+                description="Only the fields named change: a concurrent change of the others "
+                "(another PATCH, notifier disabling the channel) is kept. A `config` without "
+                "`secret` keeps the stored one; a new `secret` starts a rotation. `enabled: true` "
+                "re-enables the channel and resets its health.",
                 body=patch_body, example={"name": "billing alerts"},
             ),
             "delete": _op(

@@ -1,6 +1,7 @@
 """Postgres access: the trio-flavoured ``Store`` and the row types it hands out."""
 
 from notifier.store.pg import (
+    ConfigChanged,
     Doorbell,
     IdempotencyConflict,
     NotFound,
@@ -12,6 +13,7 @@ from notifier.store.pg import (
 )
 
 __all__ = [
+    "ConfigChanged",
     "Doorbell",
     "IdempotencyConflict",
     "NotFound",

@@ -29,6 +29,7 @@ from notifier.store.rows import (
     Attempt,
     AttemptRecord,
     Channel,
+    ChannelChanges,
     Delivery,
     DeliveryState,
     DeliverySummary,
@@ -256,6 +257,10 @@ class UnknownChannels(StoreError):
         self.ids = list(ids)
 
 
+class ConfigChanged(StoreError):
+    """A channel's config changed between the read a new config was made from and its write."""
+
+
 class NotFound(StoreError):
     """The row does not exist (or belongs to another tenant)."""
 
@@ -352,15 +357,40 @@ class Store:
         )
         return [_channel(r) for r in rows]
 
-    @_crossing
-    async def update_channel(self, channel: Channel) -> Channel | None:
-        row = await self._pool.fetchrow(
-            Q["channel_update"], channel.tenant_id, channel.id, channel.name, channel.config,
-            channel.recipient, channel.event_types, channel.enabled, channel.max_attempts,
-        )  # fmt: skip
-        return _channel(row) if row else None
+    @_transaction
+    async def update_channel(
+        self,
+        tenant_id: uuid.UUID,
+        channel_id: uuid.UUID,
+        changes: ChannelChanges,
+        *,
+        config_read: dict[str, Any] | None = None,
+    ) -> Channel | None:
+        """Change the fields ``changes`` names and only those; None if there is no such
+        channel. A new config must come with ``config_read``, the stored config it was made
+        from: it is written only over that one, else ``ConfigChanged`` is raised (read the
+        channel again and make the new config anew)."""
+        named = changes.named()
+        if "config" in named and config_read is None:
+            raise ValueError("a new config needs the config it was made from")
 
-    @_crossing
+        def value(field: str) -> Any:
+            got = getattr(changes, field)
+            return None if got is msgspec.UNSET else got
+
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                Q["channel_update"], tenant_id, channel_id, named, value("name"),
+                value("config"), value("recipient"), value("event_types"), value("enabled"),
+                value("max_attempts"), config_read if "config" in named else None,
+            )  # fmt: skip
+            if row is not None:
+                return _channel(row)
+            if "config" in named and await conn.fetchrow(Q["channel_get"], tenant_id, channel_id):
+                raise ConfigChanged("the channel's config changed while the new one was made")
+            return None
+
+    @_transaction
     async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool:
         return await self._pool.fetchval(Q["channel_delete"], tenant_id, channel_id) is not None
 

@@ -31,6 +31,21 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     last_success_at: datetime | None = None
 
 
+class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields a change of a channel names; an ``UNSET`` one keeps what is stored, whatever
+    a concurrent write put there."""
+
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    config: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    recipient: str | msgspec.UnsetType | None = msgspec.UNSET
+    event_types: list[str] | msgspec.UnsetType = msgspec.UNSET
+    enabled: bool | msgspec.UnsetType = msgspec.UNSET
+    max_attempts: int | msgspec.UnsetType | None = msgspec.UNSET
+
+    def named(self) -> list[str]:
+        return [f for f in self.__struct_fields__ if getattr(self, f) is not msgspec.UNSET]
+
+
 class DeliverySummary(msgspec.Struct, frozen=True, kw_only=True):
     id: uuid.UUID
     channel_id: uuid.UUID
