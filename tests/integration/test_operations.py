@@ -4,6 +4,7 @@ lost, retention, outbox hygiene and the per-key ingest rate limit."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -176,7 +177,9 @@ async def test_replay_by_filter_enqueues_the_matching_deliveries_with_the_curren
         async def replay(**body: Any) -> dict[str, Any]:
             resp = await api.post("/v1/deliveries/retry", json=body)
             assert resp.status_code == 202, resp.text
-            return dict(resp.json())
+            answer = dict(resp.json())
+            assert (answer.pop("next_cursor") is not None) == answer["more"], answer
+            return answer
 
         assert await replay(channel_id=first, event_type="order.*", limit=1) == {
             "queued": 1, "more": True}  # fmt: skip
@@ -202,6 +205,85 @@ async def test_replay_by_filter_enqueues_the_matching_deliveries_with_the_curren
         assert resp.status_code == 422
         resp = await api.post("/v1/deliveries/retry", json={"limit": 0})
         assert resp.status_code == 422
+
+
+async def test_a_bulk_replay_walks_every_matching_delivery_once_with_its_cursor(
+    database_url: str, broker_url: str
+) -> None:
+    """Replayed DELIVERED deliveries are DELIVERED again before the next call: only the cursor
+    says where the previous call stopped."""
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/a")
+        for batch in range(3):
+            resp = await api.post("/v1/events/batch", json={"events": [
+                {"type": "order.created", "payload": {"n": batch * 100 + n}}
+                for n in range(100)]})  # fmt: skip
+            assert resp.status_code == 202, resp.text
+        await post_event(api, type="user.signup")  # matches no filter below
+        await sql(database_url, "UPDATE deliveries SET status = 'DELIVERED', attempt = 1")
+        await sql(database_url, "DELETE FROM outbox")
+
+        answers = []
+        body: dict[str, Any] = {"status": "DELIVERED", "event_type": "order.*", "limit": 100}
+        with trio.fail_after(60):
+            while True:
+                resp = await api.post("/v1/deliveries/retry", json=body)
+                assert resp.status_code == 202, resp.text
+                answer = resp.json()
+                answers.append((answer["queued"], answer["more"]))
+                # the workers deliver what was replayed before the operator calls again
+                await sql(database_url, "UPDATE deliveries SET status = 'DELIVERED' "
+                          "WHERE status = 'PENDING'")  # fmt: skip
+                if not answer["more"]:
+                    assert answer["next_cursor"] is None
+                    break
+                body["cursor"] = answer["next_cursor"]
+                assert len(answers) < 10, answers
+        assert answers == [(100, True), (100, True), (100, False)]
+        replays = await sql(database_url, """
+            SELECT e.type, count(a.id) AS replays
+            FROM deliveries d JOIN events e ON e.id = d.event_id
+            LEFT JOIN delivery_attempts a ON a.delivery_id = d.id AND a.outcome = 'replayed'
+            GROUP BY d.id, e.type""")  # fmt: skip
+        assert sorted((r["type"], r["replays"]) for r in replays) == sorted(
+            [("order.created", 1)] * 300 + [("user.signup", 0)]
+        )
+        assert await scalar(database_url, "SELECT count(*) FROM outbox") == 300
+
+
+async def test_a_malformed_bulk_replay_cursor_is_422_and_replays_nothing(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/a")
+        await post_event(api)
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD'")
+        await sql(database_url, "DELETE FROM outbox")
+        before = await count_rows(database_url)
+        no_offset = base64.urlsafe_b64encode(f"2026-01-01T00:00:00|{uuid.uuid4()}".encode())
+        for cursor, code in [
+            ("not a cursor", "invalid_cursor"),
+            ("%%%%", "invalid_cursor"),
+            (base64.urlsafe_b64encode(b"\xff\xfe").decode(), "invalid_cursor"),
+            (base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00").decode(), "invalid_cursor"),
+            (base64.urlsafe_b64encode(b"yesterday|nobody").decode(), "invalid_cursor"),
+            (no_offset.decode(), "invalid_cursor"),
+            ("", "validation_error"),
+            ("x" * 201, "validation_error"),
+        ]:
+            resp = await api.post("/v1/deliveries/retry", json={"cursor": cursor})
+            assert resp.status_code == 422, (cursor, resp.text)
+            assert resp.json()["error"]["code"] == code, (cursor, resp.text)
+        resp = await api.post("/v1/deliveries/retry", json={"cursor": 42})
+        assert resp.status_code == 422, resp.text
+        assert await count_rows(database_url) == before
+        assert (
+            await scalar(database_url, "SELECT count(*) FROM deliveries WHERE status = 'DEAD'") == 1
+        )
 
 
 # -- channel health -----------------------------------------------------------------------------

@@ -600,11 +600,16 @@ def create_app(
     async def replay_deliveries() -> Response:
         tenant_id = await tenant()
         data = await body(ReplayIn)
-        queued, more = await store.replay_deliveries(
+        page = await store.replay_deliveries(
             tenant_id, status=data.status, channel_id=data.channel_id, event_type=data.event_type,
             created_after=_utc("created_after", data.created_after),
-            created_before=_utc("created_before", data.created_before), limit=data.limit,
+            created_before=_utc("created_before", data.created_before),
+            after=_decode_cursor(data.cursor) if data.cursor is not None else None,
+            limit=data.limit,
         )  # fmt: skip
-        return _json(ReplayResult(queued=queued, more=more), 202)
+        return _json(ReplayResult(
+            queued=page.queued, more=page.more,
+            next_cursor=_encode_cursor(*page.next) if page.next else None,
+        ), 202)  # fmt: skip
 
     return app

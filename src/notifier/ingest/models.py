@@ -66,6 +66,7 @@ class BatchIn(_Body):
 
 ReplayStatus = Annotated[str, msgspec.Meta(pattern=r"^(DEAD|DELIVERED)$")]
 ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 # RFC 3339, with its offset: a time without one would depend on how Postgres reads it.
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 
@@ -83,3 +84,5 @@ class ReplayIn(_Body):
     created_after: Timestamp | None = None
     created_before: Timestamp | None = None
     limit: ReplayLimit = 100
+    # `next_cursor` of the previous answer: go on after the deliveries it replayed.
+    cursor: Cursor | None = None

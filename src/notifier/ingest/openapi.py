@@ -321,6 +321,12 @@ def build_openapi(
                 "retryDeliveries", "deliveries", "Replay the finished deliveries matching a filter",
                 {"202": _answer("Enqueued again, oldest first.", ReplayResult),
                  **_errors(400, 401, 413, 415, 422, 503)},
+                description="At most `limit` deliveries a call, walked oldest first. While "
+                "`more` is true, send the same request again with `cursor` set to the answer's "
+                "`next_cursor`: each call goes on after the deliveries the previous one "
+                "replayed, so the whole matching set is replayed once (a `DELIVERED` one is "
+                "`DELIVERED` again soon, and would otherwise be replayed again). A malformed "
+                "`cursor` is 422 `invalid_cursor`.",
                 body=_ref(ReplayIn), example={"status": "DEAD"},
             ),
         },

@@ -123,7 +123,10 @@ class DeliveryPage(_View):
 
 class ReplayResult(_View):
     queued: int
-    more: bool  # more deliveries match than `limit`: send the same request again
+    # more deliveries match than `limit`: send the same request again, with `cursor` set to
+    # `next_cursor`, to go on after the ones just replayed
+    more: bool
+    next_cursor: str | None
 
 
 class Health(_View):

@@ -38,6 +38,7 @@ from notifier.store.rows import (
     MetricsSnapshot,
     NewEvent,
     OutboxRow,
+    ReplayPage,
 )
 
 log = logging.getLogger("notifier.store")
@@ -549,7 +550,7 @@ class Store:
                 )
             await conn.fetch(
                 Q["replay"], tenant_id, row["status"], delivery_id, None, None, None, None, 1,
-                REPLAY_NOTE,
+                REPLAY_NOTE, None, None,
             )  # fmt: skip
 
     @_transaction
@@ -562,17 +563,28 @@ class Store:
         event_type: str | None,
         created_after: datetime | None,
         created_before: datetime | None,
+        after: tuple[datetime, uuid.UUID] | None = None,
         limit: int,
-    ) -> tuple[int, bool]:
+    ) -> ReplayPage:
         """Enqueue up to ``limit`` matching finished deliveries again (oldest first, only of
-        enabled channels); return how many, and whether more match."""
+        enabled channels), walking them in ``(created_at, id)`` order from just after
+        ``after``; return how many, and where the next call starts if more match there.
+
+        The walk, not the status, says what is left: a replayed ``DELIVERED`` delivery is
+        ``DELIVERED`` again soon, and a call from the start would replay it again."""
         filters = (channel_id, event_type, created_after, created_before)
+        at, last_id = after if after else (None, None)
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                Q["replay"], tenant_id, status, None, *filters, limit, REPLAY_NOTE
+                Q["replay"], tenant_id, status, None, *filters, limit, REPLAY_NOTE, at, last_id
             )
-            more: bool = await conn.fetchval(Q["replay_more"], tenant_id, status, *filters)
-        return len(rows), more
+            if rows:
+                at, last_id = max((r["created_at"], r["id"]) for r in rows)
+            more: bool = await conn.fetchval(
+                Q["replay_more"], tenant_id, status, *filters, at, last_id
+            )
+        position = (at, last_id) if more and at is not None and last_id is not None else None
+        return ReplayPage(queued=len(rows), more=more, next=position)
 
     @_transaction
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:

@@ -12,10 +12,12 @@ FOR UPDATE OF d;
 -- name: replay
 -- Enqueue finished deliveries of tenant $1 again, through the outbox: status $2 (DEAD or
 -- DELIVERED), optionally only delivery $3, channel $4, event types matching pattern $5 (exact,
--- 'prefix.*' or '*'), created in [$6, $7); at most $8, oldest first. Only deliveries whose
+-- 'prefix.*' or '*'), created in [$6, $7), coming after ($10, $11) in (created_at, id) order (a
+-- bulk replay's cursor); at most $8, oldest first. Only deliveries whose
 -- channel exists and is enabled are taken. Each gets a fresh attempt budget (attempt 0, the
 -- message asks for attempt 1), the channel's current config, and a 'replayed' attempt row
--- (numbered with the attempts it had made) so the log shows the replay. Returns the ids.
+-- (numbered with the attempts it had made) so the log shows the replay. Returns their ids and
+-- creation times.
 WITH picked AS (
     SELECT d.id, d.attempt, c.config
     FROM deliveries d
@@ -28,6 +30,7 @@ WITH picked AS (
            OR (right($5, 2) = '.*' AND starts_with(e.type, left($5, -1))))
       AND ($6::timestamptz IS NULL OR d.created_at >= $6)
       AND ($7::timestamptz IS NULL OR d.created_at < $7)
+      AND ($10::timestamptz IS NULL OR (d.created_at, d.id) > ($10, $11::uuid))
     ORDER BY d.created_at, d.id
     LIMIT $8
     FOR UPDATE OF d SKIP LOCKED
@@ -38,7 +41,7 @@ upd AS (
         delivered_at = NULL, updated_at = now()
     FROM picked p
     WHERE d.id = p.id
-    RETURNING d.id, d.channel_type, d.event_id, d AS delivery
+    RETURNING d.id, d.created_at, d.channel_type, d.event_id, d AS delivery
 ),
 logged AS (
     INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error)
@@ -50,10 +53,11 @@ queued AS (
     SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, p.config, 1)
     FROM upd u JOIN picked p ON p.id = u.id JOIN events e ON e.id = u.event_id
 )
-SELECT id FROM upd;
+SELECT id, created_at FROM upd;
 
 -- name: replay_more
--- Whether deliveries matching the replay's filter are left (the same filter as `replay`).
+-- Whether deliveries matching the replay's filter are left after ($7, $8) in (created_at, id)
+-- order (the same filter as `replay`).
 SELECT EXISTS (
     SELECT 1
     FROM deliveries d
@@ -65,6 +69,7 @@ SELECT EXISTS (
            OR (right($4, 2) = '.*' AND starts_with(e.type, left($4, -1))))
       AND ($5::timestamptz IS NULL OR d.created_at >= $5)
       AND ($6::timestamptz IS NULL OR d.created_at < $6)
+      AND ($7::timestamptz IS NULL OR (d.created_at, d.id) > ($7, $8::uuid))
 );
 
 -- name: reconcile

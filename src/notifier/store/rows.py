@@ -150,3 +150,12 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pending: int  # deliveries PENDING
     retrying: int  # deliveries RETRYING
     oldest_open_age_seconds: float | None  # since the open delivery changed least recently
+
+
+class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
+    """What one call of a bulk replay did: how many deliveries it enqueued again, whether more
+    match, and the ``(created_at, id)`` the next call starts after (None: from the start)."""
+
+    queued: int
+    more: bool
+    next: tuple[datetime, uuid.UUID] | None
