@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 import httpx
 import pytest
@@ -18,8 +19,10 @@ import trio
 
 from notifier.adapters.webhook import PREVIOUS_SECRET, generate_secret
 from notifier.config import Config
-from notifier.store import open_store
-from notifier.store.rows import AttemptRecord
+from notifier.ingest.events import new_event
+from notifier.ingest.models import EventIn
+from notifier.store import Store, open_store
+from notifier.store.rows import AttemptRecord, IngestResult, NewEvent
 from tests.integration.conftest import create_tenant, run_notifier, scalar, sql
 
 pytestmark = pytest.mark.integration
@@ -89,6 +92,47 @@ async def test_batches_with_the_same_keys_in_opposite_order_never_deadlock_into_
         stored = await scalar(db, "SELECT count(*) FROM events")
         assert stored == 40 * ROUNDS
         assert await scalar(db, "SELECT count(*) FROM deliveries") == stored
+
+
+def amqp_batch(tenants: list[uuid.UUID], round: int) -> list[tuple[uuid.UUID, NewEvent]]:
+    """20 keyed events of each tenant, in the order given: the first's keys ascending, the
+    second's descending."""
+    keys = [range(20), range(19, -1, -1)]
+    return [
+        (tenant, new_event(EventIn(type="race.amqp", payload={"n": n}), f"{round}-{n}"))
+        for tenant, numbers in zip(tenants, keys, strict=True)
+        for n in numbers
+    ]
+
+
+async def ingest_into(
+    outcomes: list[list[Any]], store: Store, batch: list[tuple[uuid.UUID, NewEvent]]
+) -> None:
+    outcomes.append(await store.ingest_each(batch, {}))
+
+
+async def test_amqp_batches_spanning_tenants_in_opposite_order_never_deadlock(
+    config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AMQP ingest stores a batch of several tenants' events in one transaction: the tenants,
+    like the keys, are taken in one order whatever the batch's."""
+    caplog.set_level(logging.INFO, logger="notifier.store")
+    db = config.database.url
+    for name in ("race-a", "race-b"):
+        await create_tenant(db, name)
+    async with open_store(db, max_size=4) as store:
+        tenants = list((await store.tenant_ids_by_names(["race-a", "race-b"])).values())
+        with trio.fail_after(120):
+            for round in range(ROUNDS):
+                outcomes: list[list[Any]] = []
+                async with trio.open_nursery() as nursery:
+                    for order in ([0, 1], [1, 0]):
+                        batch = amqp_batch([tenants[t] for t in order], round)
+                        nursery.start_soon(ingest_into, outcomes, store, batch)
+                for found in outcomes:
+                    assert all(isinstance(o, IngestResult) for o in found), found
+    assert not [r.getMessage() for r in caplog.records if r.name == "notifier.store"]
+    assert await scalar(db, "SELECT count(*) FROM events") == 2 * 20 * ROUNDS
 
 
 # -- racing PATCHes -----------------------------------------------------------------------------
