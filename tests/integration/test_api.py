@@ -416,6 +416,11 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     "event-missing-payload": (ev(payload=...), "payload: missing required key"),
     "event-type-not-a-string": (ev(type=123), "type: Expected `str`, got `int`"),
     "event-type-malformed": (ev(type="order..created"), "type: Expected `str` matching"),
+    # a pattern matches the whole text: Python's `$` alone would let a final newline through
+    "event-type-trailing-newline": (ev(type="probe.created\n"), "type: Expected `str` matching"),
+    "event-type-trailing-crlf": (ev(type="probe.created\r\n"), "type: Expected `str` matching"),
+    "event-type-tab": (ev(type="probe.created\t"), "type: Expected `str` matching"),
+    "event-type-non-ascii": (ev(type="probe.créé"), "type: Expected `str` matching"),
     "event-payload-array": (ev(payload=[1, 2]), "payload: Expected `object`, got `array`"),
     "event-payload-string": (ev(payload="x"), "payload: Expected `object`, got `str`"),
     "event-payload-null": (ev(payload=None), "payload: Expected `object`, got `null`"),
@@ -469,6 +474,14 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     "channel-missing-type": (ch(type=...), "type: missing required key"),
     "channel-bad-pattern": (ch(event_types=["order.*.x"]), "event_types[0]: Expected `str`"),
     "channel-no-patterns": (ch(event_types=[]), "event_types: Expected `array` of length"),
+    "channel-pattern-trailing-newline": (
+        ch(event_types=["probe.*\n"]),
+        "event_types[0]: Expected `str` matching",
+    ),
+    "channel-catch-all-trailing-newline": (
+        ch(event_types=["a.b", "*\n"]),
+        "event_types[1]: Expected `str` matching",
+    ),
     "channel-max-attempts-0": (ch(max_attempts=0), "max_attempts: Expected `int` >= 1"),
     "channel-enabled-string": (ch(enabled="yes"), "enabled: Expected `bool`, got `str`"),
     "channel-unknown-field": (ch(secret="x"), "secret: unknown key"),
@@ -477,6 +490,19 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     "patch-config-missing-url": (patch(config={"headers": {}}), "config.url: missing"),
     "patch-name-null": (patch(name=None), "name: Expected `str`, got `null`"),
     "patch-no-patterns": (patch(event_types=[]), "event_types: Expected `array` of length"),
+    "patch-pattern-trailing-newline": (
+        patch(event_types=["probe.*\n"]),
+        "event_types[0]: Expected `str` matching",
+    ),
+    # bulk replay filters
+    "replay-event-type-trailing-newline": (
+        raw("/v1/deliveries/retry", {"event_type": "probe.*\n"}),
+        "event_type: Expected `str`",
+    ),
+    "replay-status-trailing-newline": (
+        raw("/v1/deliveries/retry", {"status": "DEAD\n"}),
+        "status: Expected `str` matching",
+    ),
     "patch-type": (patch(type="email"), "type: unknown key"),
     "patch-max-attempts": (patch(max_attempts=101), "max_attempts: Expected `int` <= 100"),
 }
