@@ -468,6 +468,23 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
         ch(config={"url": HOOK_URL, "headers": {"Host": "evil.example"}}),
         "config.headers.Host:",
     ),
+    # custom headers: token names, visible-ASCII values (the 422 names the header, not the value)
+    "config-header-value-non-ascii": (
+        ch(config={"url": HOOK_URL, "headers": {"X-Team": "café"}}),
+        "config.headers.X-Team: ",
+    ),
+    "config-header-value-trailing-space": (
+        ch(config={"url": HOOK_URL, "headers": {"X-Api-Token": "tok-1 "}}),
+        "config.headers.X-Api-Token: the value must be visible ASCII",
+    ),
+    "config-header-name-tab": (
+        ch(config={"url": HOOK_URL, "headers": {"X\tTeam": "x"}}),
+        "config.headers.'X\\tTeam': is not a valid header name",
+    ),
+    "config-header-name-paren": (
+        ch(config={"url": HOOK_URL, "headers": {"X(Team": "x"}}),
+        "config.headers.'X(Team': ",
+    ),
     "config-not-object": (ch(config="x"), "config: Expected `object`, got `str`"),
     "config-missing": (ch(config=...), "config: missing required key"),
     "channel-unknown-type": (ch(type="pigeon"), "type: channel type 'pigeon' is not enabled"),
@@ -488,6 +505,14 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     # channel patches
     "patch-url": (patch(config={"url": "file:///etc/passwd"}), "config.url:"),
     "patch-config-missing-url": (patch(config={"headers": {}}), "config.url: missing"),
+    "patch-header-value-non-ascii": (
+        patch(config={"url": HOOK_URL, "headers": {"X-Team": "café"}}),
+        "config.headers.X-Team: ",
+    ),
+    "patch-header-name-paren": (
+        patch(config={"url": HOOK_URL, "headers": {"X(Team": "x"}}),
+        "config.headers.'X(Team': ",
+    ),
     "patch-name-null": (patch(name=None), "name: Expected `str`, got `null`"),
     "patch-no-patterns": (patch(event_types=[]), "event_types: Expected `array` of length"),
     "patch-pattern-trailing-newline": (
