@@ -352,23 +352,33 @@ def literal_address(host: str) -> IPAddress | None:
         raise ValueError(f"{host!r} is not a valid IPv4 address") from exc
 
 
+def dial_host(url: httpx.URL) -> str:
+    """The host a request to ``url`` connects to, as httpx normalises it (IDNA-mapped and
+    lowercased; an IPv6 address without brackets): what the SSRF guard checks, at create and
+    at delivery alike."""
+    return url.raw_host.decode("ascii")
+
+
 def validate_url(
     url: str, *, allow_private_networks: bool, allowed_cidrs: Iterable[str | IPNetwork] = ()
 ) -> None:
     """The checks of a webhook URL that need no network: http(s), a host, no user info, at most
-    2,048 characters, and not a literal blocked address (or a loopback name)."""
+    2,048 characters, and not a literal blocked address (or a loopback name).
+
+    The host checked is the one ``deliver`` dials: httpx's, after IDNA mapping, which turns
+    ``127。0。0。1`` (ideographic full stops; fullwidth ones too) into ``127.0.0.1``. What
+    ``urlsplit`` reads is only a second opinion on whether the URL parses at all."""
     if len(url) > MAX_URL_LENGTH:
         raise InvalidChannelConfig("config.url", f"longer than {MAX_URL_LENGTH} characters")
     try:
         parts = urlsplit(url)
-        host = parts.hostname
         _ = parts.port
-        raw_host = httpx.URL(url).raw_host.decode("ascii")  # what ``deliver`` will use
+        host = dial_host(httpx.URL(url))
     except (ValueError, httpx.InvalidURL) as exc:
         raise InvalidChannelConfig("config.url", f"not a valid URL: {exc}") from exc
     if parts.scheme not in ("http", "https"):
         raise InvalidChannelConfig("config.url", "scheme must be http or https")
-    if not host:
+    if not host or not parts.hostname:
         raise InvalidChannelConfig("config.url", "has no host")
     if parts.username is not None or parts.password is not None:
         raise InvalidChannelConfig("config.url", "must not contain user info")
@@ -379,8 +389,8 @@ def validate_url(
     name = host.lower().removesuffix(".")
     if literal is not None:
         ip = str(literal)
-    elif not _HOSTNAME.fullmatch(raw_host):
-        raise InvalidChannelConfig("config.url", f"{raw_host!r} is not a valid host name")
+    elif not _HOSTNAME.fullmatch(host):
+        raise InvalidChannelConfig("config.url", f"{host!r} is not a valid host name")
     elif name in _LOOPBACK_NAMES or name.endswith(".localhost"):
         ip = "127.0.0.1"  # RFC 6761: always loopback
     else:
@@ -848,7 +858,7 @@ class WebhookAdapter:
         if self._allow_private:
             return
         url = httpx.URL(config["url"])
-        host = url.raw_host.decode("ascii")
+        host = dial_host(url)
         if literal_address(host) is not None:
             return  # checked by validate_url already
         try:
@@ -907,7 +917,7 @@ class WebhookAdapter:
             # ever send it, so the delivery is dead at once, the header named, its value not.
             field, text = problem
             raise PermanentError(f"{field}: {text}")
-        host = url.raw_host.decode("ascii")
+        host = dial_host(url)
         pin = Pin(host, await self.checked_addresses(host, url.port or _default_port(url)))
         now = self._clock()
         secrets = signing_secrets(cfg, now)
