@@ -252,6 +252,32 @@ async def test_missing_or_wrong_api_key_is_401_and_writes_nothing(
     assert (await api.a.get("/v1/channels")).status_code == 200
 
 
+async def test_two_authorization_headers_are_400_and_write_nothing(
+    api: Api, subtests: pytest.Subtests
+) -> None:
+    """Two Authorization headers are ambiguous, whichever order the valid key comes in."""
+    good = api.a.headers["authorization"]
+    cases = {
+        "valid-then-wrong": [good, "Bearer nk_test_wrong"],
+        "wrong-then-valid": ["Bearer nk_test_wrong", good],
+        "valid-twice": [good, good],
+        "valid-then-empty": [good, ""],
+    }
+    for name, values in cases.items():
+        async with api.client() as anonymous:
+            for method, path, body in [
+                ("POST", "/v1/events", EVENT),
+                ("POST", "/v1/channels", WEBHOOK),
+                ("GET", "/v1/channels", None),
+            ]:
+                with subtests.test(case=name, route=f"{method} {path}"):
+                    headers = [("Authorization", value) for value in values]
+                    await refused(
+                        api, 400, "invalid_authorization", "more than one Authorization header",
+                        client=anonymous, method=method, path=path, json=body, headers=headers,
+                    )  # fmt: skip
+
+
 async def test_unknown_route_is_404_and_writes_nothing(api: Api, subtests: pytest.Subtests) -> None:
     for method, path in [
         ("GET", "/v1/nope"),
