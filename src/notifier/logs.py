@@ -76,6 +76,10 @@ _PATTERNS: tuple[_Sub, ...] = (
     # notifier API keys (nk_ + urlsafe token) and webhook secrets (whsec_ + base64).
     (re.compile(r"\bnk_[A-Za-z0-9_-]+"), f"nk_{REDACTED}"),
     (re.compile(r"\bwhsec_[A-Za-z0-9+/=_-]+"), f"whsec_{REDACTED}"),
+    # A header value an HTTP library refuses and quotes (h11: ``Illegal header value b'…'``):
+    # custom webhook headers carry credentials, and httpcore logs its errors at DEBUG. The
+    # value ends h11's message but may be escaped any number of times: the line goes.
+    (re.compile(rf"(?i)(illegal header value ){_NOT_DONE}[^\n]*"), rf"\1{REDACTED}"),
     # scheme://user:password@host → scheme://user:***@host
     (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):[^/?#\s]*@"), r"\1:***@"),
     # password=…, "password": "…", token='…', api_key=… (the key is kept, the value goes).
@@ -93,7 +97,7 @@ _SECRET_KEY_NAME = re.compile(rf"(?i){_SECRET_KEY}")
 # out for the usual line of ids and numbers, which then costs one scan instead of nine).
 _MAY_HOLD_SECRET = re.compile(
     r"(?i)authorization|bearer|basic|/bot|\d{3}(?::|%3A)[\w-]{30}|nk_|whsec_|://|passw|secret"
-    r"|token|api[_-]?key"
+    r"|token|api[_-]?key|header value"
 )
 # Text of only these characters (ids, numbers) cannot hold anything a pattern looks for.
 _PLAINLY_SAFE = "0123456789abcdefABCDEF-. "

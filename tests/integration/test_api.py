@@ -252,6 +252,32 @@ async def test_missing_or_wrong_api_key_is_401_and_writes_nothing(
     assert (await api.a.get("/v1/channels")).status_code == 200
 
 
+async def test_two_authorization_headers_are_400_and_write_nothing(
+    api: Api, subtests: pytest.Subtests
+) -> None:
+    """Two Authorization headers are ambiguous, whichever order the valid key comes in."""
+    good = api.a.headers["authorization"]
+    cases = {
+        "valid-then-wrong": [good, "Bearer nk_test_wrong"],
+        "wrong-then-valid": ["Bearer nk_test_wrong", good],
+        "valid-twice": [good, good],
+        "valid-then-empty": [good, ""],
+    }
+    for name, values in cases.items():
+        async with api.client() as anonymous:
+            for method, path, body in [
+                ("POST", "/v1/events", EVENT),
+                ("POST", "/v1/channels", WEBHOOK),
+                ("GET", "/v1/channels", None),
+            ]:
+                with subtests.test(case=name, route=f"{method} {path}"):
+                    headers = [("Authorization", value) for value in values]
+                    await refused(
+                        api, 400, "invalid_authorization", "more than one Authorization header",
+                        client=anonymous, method=method, path=path, json=body, headers=headers,
+                    )  # fmt: skip
+
+
 async def test_unknown_route_is_404_and_writes_nothing(api: Api, subtests: pytest.Subtests) -> None:
     for method, path in [
         ("GET", "/v1/nope"),
@@ -416,6 +442,11 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     "event-missing-payload": (ev(payload=...), "payload: missing required key"),
     "event-type-not-a-string": (ev(type=123), "type: Expected `str`, got `int`"),
     "event-type-malformed": (ev(type="order..created"), "type: Expected `str` matching"),
+    # a pattern matches the whole text: Python's `$` alone would let a final newline through
+    "event-type-trailing-newline": (ev(type="probe.created\n"), "type: Expected `str` matching"),
+    "event-type-trailing-crlf": (ev(type="probe.created\r\n"), "type: Expected `str` matching"),
+    "event-type-tab": (ev(type="probe.created\t"), "type: Expected `str` matching"),
+    "event-type-non-ascii": (ev(type="probe.créé"), "type: Expected `str` matching"),
     "event-payload-array": (ev(payload=[1, 2]), "payload: Expected `object`, got `array`"),
     "event-payload-string": (ev(payload="x"), "payload: Expected `object`, got `str`"),
     "event-payload-null": (ev(payload=None), "payload: Expected `object`, got `null`"),
@@ -463,20 +494,66 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
         ch(config={"url": HOOK_URL, "headers": {"Host": "evil.example"}}),
         "config.headers.Host:",
     ),
+    # custom headers: token names, visible-ASCII values (the 422 names the header, not the value)
+    "config-header-value-non-ascii": (
+        ch(config={"url": HOOK_URL, "headers": {"X-Team": "café"}}),
+        "config.headers.X-Team: ",
+    ),
+    "config-header-value-trailing-space": (
+        ch(config={"url": HOOK_URL, "headers": {"X-Api-Token": "tok-1 "}}),
+        "config.headers.X-Api-Token: the value must be visible ASCII",
+    ),
+    "config-header-name-tab": (
+        ch(config={"url": HOOK_URL, "headers": {"X\tTeam": "x"}}),
+        "config.headers.'X\\tTeam': is not a valid header name",
+    ),
+    "config-header-name-paren": (
+        ch(config={"url": HOOK_URL, "headers": {"X(Team": "x"}}),
+        "config.headers.'X(Team': ",
+    ),
     "config-not-object": (ch(config="x"), "config: Expected `object`, got `str`"),
     "config-missing": (ch(config=...), "config: missing required key"),
     "channel-unknown-type": (ch(type="pigeon"), "type: channel type 'pigeon' is not enabled"),
     "channel-missing-type": (ch(type=...), "type: missing required key"),
     "channel-bad-pattern": (ch(event_types=["order.*.x"]), "event_types[0]: Expected `str`"),
     "channel-no-patterns": (ch(event_types=[]), "event_types: Expected `array` of length"),
+    "channel-pattern-trailing-newline": (
+        ch(event_types=["probe.*\n"]),
+        "event_types[0]: Expected `str` matching",
+    ),
+    "channel-catch-all-trailing-newline": (
+        ch(event_types=["a.b", "*\n"]),
+        "event_types[1]: Expected `str` matching",
+    ),
     "channel-max-attempts-0": (ch(max_attempts=0), "max_attempts: Expected `int` >= 1"),
     "channel-enabled-string": (ch(enabled="yes"), "enabled: Expected `bool`, got `str`"),
     "channel-unknown-field": (ch(secret="x"), "secret: unknown key"),
     # channel patches
     "patch-url": (patch(config={"url": "file:///etc/passwd"}), "config.url:"),
     "patch-config-missing-url": (patch(config={"headers": {}}), "config.url: missing"),
+    "patch-header-value-non-ascii": (
+        patch(config={"url": HOOK_URL, "headers": {"X-Team": "café"}}),
+        "config.headers.X-Team: ",
+    ),
+    "patch-header-name-paren": (
+        patch(config={"url": HOOK_URL, "headers": {"X(Team": "x"}}),
+        "config.headers.'X(Team': ",
+    ),
     "patch-name-null": (patch(name=None), "name: Expected `str`, got `null`"),
     "patch-no-patterns": (patch(event_types=[]), "event_types: Expected `array` of length"),
+    "patch-pattern-trailing-newline": (
+        patch(event_types=["probe.*\n"]),
+        "event_types[0]: Expected `str` matching",
+    ),
+    # bulk replay filters
+    "replay-event-type-trailing-newline": (
+        raw("/v1/deliveries/retry", {"event_type": "probe.*\n"}),
+        "event_type: Expected `str`",
+    ),
+    "replay-status-trailing-newline": (
+        raw("/v1/deliveries/retry", {"status": "DEAD\n"}),
+        "status: Expected `str` matching",
+    ),
     "patch-type": (patch(type="email"), "type: unknown key"),
     "patch-max-attempts": (patch(max_attempts=101), "max_attempts: Expected `int` <= 100"),
 }

@@ -243,3 +243,56 @@ async def all_settled(database_url: str, ids: list[str]) -> None:
         return bool(rows[0][0] == len(ids))
 
     await poll(settled, interval_seconds=0.1)
+
+
+STALE_TOKEN = "sk_test_51f0c2e7-stale-header"
+
+
+async def test_a_stored_header_that_cannot_be_sent_kills_its_deliveries_and_leaks_nowhere(
+    database_url: str, broker_url: str, everything_at_debug: pytest.LogCaptureFixture
+) -> None:
+    """Channels stored before the header rules (written here around the API): a value with a
+    trailing space (which h11 refuses, quoting it) and a non-ASCII one (which httpx cannot
+    encode). Each delivery ends DEAD at once naming the header, nothing is sent, no ERROR line
+    is logged, and the value is in no log record, stored error or report."""
+    caplog = everything_at_debug
+    api_key = await create_tenant(database_url)
+    reporter = RecordingReporter()
+    stale = {"X-Api-Token": f"{STALE_TOKEN} ", "X-Team": f"café-{STALE_TOKEN}"}
+    async with open_sink() as sink:
+        retry = {"base_seconds": 1, "max_seconds": 1, "tiers_seconds": [1]}
+        config = make_config(database_url, broker_url, retry=retry)
+        async with (
+            run_notifier(config, reporter=reporter) as running,
+            running.client(api_key) as api,
+        ):
+            for name, value in stale.items():
+                channel = await create(api, "webhook", {"url": sink.url, "headers": {name: "x"}})
+                await sql(
+                    database_url,
+                    "UPDATE channels SET config = jsonb_set(config, ARRAY['headers', $1],"
+                    " to_jsonb($2::text)) WHERE id = $3",
+                    name, value, uuid.UUID(channel),
+                )  # fmt: skip
+            ids = await post_event(api, 1)
+            with trio.fail_after(30):
+                await all_settled(database_url, ids)
+
+    assert sink.received == []
+    rows = await sql(
+        database_url,
+        "SELECT d.status, d.last_error, a.outcome, a.error FROM deliveries d"
+        " JOIN delivery_attempts a ON a.delivery_id = d.id ORDER BY d.last_error",
+    )
+    assert [(r[0], r[2]) for r in rows] == [("DEAD", "dead"), ("DEAD", "dead")]
+    assert [r[1].split(": ")[0] for r in rows] == [
+        "config.headers.X-Api-Token", "config.headers.X-Team",
+    ]  # fmt: skip
+    assert all(r[1] == r[3] for r in rows)
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
+    secrets = {"stale header value": STALE_TOKEN}
+    assert leaks(record_texts(records), secrets) == []
+    assert leaks((str(v) for r in rows for v in r), secrets) == []
+    reported = (f"{r.summary} {r.tags} {r.exc!r}" for r in reporter.reports)
+    assert leaks(reported, secrets) == []

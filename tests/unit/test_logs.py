@@ -248,6 +248,14 @@ SECRET_CASES = [
         'sent {"smtp_password": "hunter 2", "to": "a@b.c"}', "hunter 2",
         'sent {"smtp_password": "[redacted]", "to": "a@b.c"}', id='"password": "…"',
     ),
+    pytest.param(
+        "LocalProtocolError(\"Illegal header value b'sk-9f2e 7a1c '\")", "sk-9f2e 7a1c",
+        "LocalProtocolError(\"Illegal header value [redacted]", id="h11's illegal value",
+    ),
+    pytest.param(
+        """Illegal header value b"it's-x9\\"q" (b'x-a')""", "it's-x9",
+        "Illegal header value [redacted]", id="h11's illegal value, quoted",
+    ),
 ]  # fmt: skip
 
 

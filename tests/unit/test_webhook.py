@@ -386,18 +386,6 @@ def test_reserved_header_names_are_refused(adapter: WebhookAdapter, name: str) -
     assert error.field == f"config.headers.{name}"
 
 
-@pytest.mark.parametrize("value", ["a\r\nX-Evil: 1", "a\nb", "a\rb", "a\0b"])
-def test_cr_or_lf_in_a_header_value_is_refused(adapter: WebhookAdapter, value: str) -> None:
-    error = refused(adapter, {"url": "https://example.com/hook", "headers": {"X-A": value}})
-    assert error.field == "config.headers.X-A"
-
-
-@pytest.mark.parametrize("name", ["X A", "X:A", "X\r\nA", ""])
-def test_an_invalid_header_name_is_refused(adapter: WebhookAdapter, name: str) -> None:
-    error = refused(adapter, {"url": "https://example.com/hook", "headers": {name: "x"}})
-    assert error.field == f"config.headers.{name}"
-
-
 def test_a_private_url_is_refused_unless_allowed() -> None:
     strict = WebhookAdapter(timeout_seconds=5, allow_private_networks=False)
     assert refused(strict, {"url": "http://10.0.0.1/hook"}).field == "config.url"

@@ -29,6 +29,7 @@ from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ import trio
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.adapters.http import ClientPool, new_client
 from notifier.errors import PermanentError, RetriableError
+from notifier.logs import REDACTED
 from notifier.messages import WorkerMessage
 from notifier.validation import describe
 
@@ -61,6 +63,11 @@ RESERVED_HEADERS = frozenset(
         "trailer", "upgrade",
     }
 )  # fmt: skip
+# RFC 9110 §5.1: a field name is a token (tchar: letters, digits and !#$%&'*+-.^_`|~).
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# RFC 9110 §5.5, narrowed to what every HTTP stack sends as it is: visible ASCII, with spaces
+# and tabs only between visible characters (no leading or trailing whitespace, no obs-text).
+_FIELD_VALUE = re.compile(r"([\x21-\x7e]+([ \t]+[\x21-\x7e]+)*)?")
 RETRIABLE_STATUS = frozenset({408, 425, 429})
 # Secret rotation: the secret a PATCH replaced keeps signing until this time (epoch seconds).
 PREVIOUS_SECRET = "previous_secret"
@@ -77,6 +84,47 @@ class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str
     secret: str | None = None
     headers: dict[str, str] = {}
+
+
+# -- custom headers -----------------------------------------------------------------------------
+
+
+def header_field(name: str) -> str:
+    """``config.headers.<name>``, the name shown as a Python literal when it is not a token (so
+    a control character in it is visible and cannot break a log line)."""
+    shown = name if _FIELD_NAME.fullmatch(name) else ascii(name)
+    return f"config.headers.{shown}"
+
+
+def header_problem(name: str, value: object) -> str | None:
+    """Why a channel may not send the header ``name: value``, or None when it may. The one rule
+    for custom headers: checked at create and PATCH, and again before each delivery (a channel
+    stored before the rule existed). The text never quotes the value, which may be a secret."""
+    lowered = name.lower()
+    if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
+        return "may not be set by a channel"
+    if not _FIELD_NAME.fullmatch(name):
+        return "is not a valid header name (a token: ASCII letters, digits and !#$%&'*+-.^_`|~)"
+    if not isinstance(value, str):
+        return "the value must be a string"
+    if not _FIELD_VALUE.fullmatch(value):
+        return (
+            "the value must be visible ASCII, with spaces or tabs only between visible "
+            "characters (no control characters, no non-ASCII, no leading or trailing whitespace)"
+        )
+    return None
+
+
+def headers_problem(headers: object) -> tuple[str, str] | None:
+    """The first header of a channel's ``headers`` that may not be sent, as ``(field,
+    problem)``, or None when every one may."""
+    if not isinstance(headers, dict):
+        return "config.headers", "must be an object of header names to values"
+    for name, value in headers.items():
+        problem = header_problem(str(name), value)
+        if problem is not None:
+            return header_field(str(name)), problem
+    return None
 
 
 # -- signing ------------------------------------------------------------------------------------
@@ -304,23 +352,33 @@ def literal_address(host: str) -> IPAddress | None:
         raise ValueError(f"{host!r} is not a valid IPv4 address") from exc
 
 
+def dial_host(url: httpx.URL) -> str:
+    """The host a request to ``url`` connects to, as httpx normalises it (IDNA-mapped and
+    lowercased; an IPv6 address without brackets): what the SSRF guard checks, at create and
+    at delivery alike."""
+    return url.raw_host.decode("ascii")
+
+
 def validate_url(
     url: str, *, allow_private_networks: bool, allowed_cidrs: Iterable[str | IPNetwork] = ()
 ) -> None:
     """The checks of a webhook URL that need no network: http(s), a host, no user info, at most
-    2,048 characters, and not a literal blocked address (or a loopback name)."""
+    2,048 characters, and not a literal blocked address (or a loopback name).
+
+    The host checked is the one ``deliver`` dials: httpx's, after IDNA mapping, which turns
+    ``127。0。0。1`` (ideographic full stops; fullwidth ones too) into ``127.0.0.1``. What
+    ``urlsplit`` reads is only a second opinion on whether the URL parses at all."""
     if len(url) > MAX_URL_LENGTH:
         raise InvalidChannelConfig("config.url", f"longer than {MAX_URL_LENGTH} characters")
     try:
         parts = urlsplit(url)
-        host = parts.hostname
         _ = parts.port
-        raw_host = httpx.URL(url).raw_host.decode("ascii")  # what ``deliver`` will use
+        host = dial_host(httpx.URL(url))
     except (ValueError, httpx.InvalidURL) as exc:
         raise InvalidChannelConfig("config.url", f"not a valid URL: {exc}") from exc
     if parts.scheme not in ("http", "https"):
         raise InvalidChannelConfig("config.url", "scheme must be http or https")
-    if not host:
+    if not host or not parts.hostname:
         raise InvalidChannelConfig("config.url", "has no host")
     if parts.username is not None or parts.password is not None:
         raise InvalidChannelConfig("config.url", "must not contain user info")
@@ -331,8 +389,8 @@ def validate_url(
     name = host.lower().removesuffix(".")
     if literal is not None:
         ip = str(literal)
-    elif not _HOSTNAME.fullmatch(raw_host):
-        raise InvalidChannelConfig("config.url", f"{raw_host!r} is not a valid host name")
+    elif not _HOSTNAME.fullmatch(host):
+        raise InvalidChannelConfig("config.url", f"{host!r} is not a valid host name")
     elif name in _LOOPBACK_NAMES or name.endswith(".localhost"):
         ip = "127.0.0.1"  # RFC 6761: always loopback
     else:
@@ -655,6 +713,50 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         await self._pool.aclose()
 
 
+# Shorter quoted forms are left alone: they would match all over an error's text.
+MIN_SCRUBBED_CHARS = 4
+
+
+def request_secrets(headers: Mapping[str, object], secrets: Sequence[str]) -> tuple[str, ...]:
+    """What an error that quotes a request could reveal, in the forms it could be quoted in:
+    each custom header value (as it is, stripped, as a ``str`` or ``bytes`` repr shows it, and
+    each long word of it, such as the token after ``Bearer``) and each signing secret (with
+    its key material alone). Longest first, so a value containing another goes whole."""
+    forms: set[str] = set()
+    for value in [*headers.values(), *secrets]:
+        if isinstance(value, str):
+            as_bytes = repr(value.encode("utf-8", "backslashreplace"))[2:-1]
+            forms |= {value, value.strip(), value.removeprefix(SECRET_PREFIX), repr(value)[1:-1]}
+            forms |= {as_bytes, *value.split()}
+    long_enough = (form for form in forms if len(form) >= MIN_SCRUBBED_CHARS)
+    return tuple(sorted(long_enough, key=len, reverse=True))
+
+
+def scrub_request(text: str, quoted: Iterable[str]) -> str:
+    """``text`` with every form in ``quoted`` (``request_secrets``) replaced."""
+    for form in quoted:
+        text = text.replace(form, REDACTED)
+    return text
+
+
+class WebhookAdapterCrash(RuntimeError):
+    """An unexpected exception from the I/O layer, its text scrubbed of the request's header
+    values and secrets (the worker's panic path logs and stores it)."""
+
+
+def transport_error(exc: Exception, quoted: Iterable[str]) -> Exception:
+    """What to raise in place of an exception from sending a request, its text scrubbed of
+    ``quoted`` (an HTTP library's error may quote the request: h11 names an illegal header
+    value). Timeouts and connection or protocol errors are retriable; anything else is an
+    adapter crash (a bug). The caller raises it outside its ``except`` block, so it does not
+    chain back to ``exc``."""
+    if isinstance(exc, httpx.TimeoutException):
+        return RetriableError(f"timed out: {type(exc).__name__}")
+    if isinstance(exc, httpx.TransportError | OSError):
+        return RetriableError(f"connection failed: {scrub_request(_describe(exc), quoted)}")
+    return WebhookAdapterCrash(scrub_request(_describe(exc), quoted))
+
+
 def _describe(exc: BaseException) -> str:
     """The error and its innermost cause (an SSL verification failure, a refused connection)."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -709,15 +811,8 @@ class WebhookAdapter:
             raise InvalidChannelConfig(*describe(exc, "config")) from exc
         validate_url(cfg.url, allow_private_networks=self._allow_private,
                      allowed_cidrs=self._allowed)  # fmt: skip
-        for name in cfg.headers:
-            lowered = name.lower()
-            if lowered in RESERVED_HEADERS or lowered.startswith("webhook-"):
-                raise InvalidChannelConfig(f"config.headers.{name}", "may not be set by a channel")
-            if not name or any(c in name for c in " :\r\n\0"):
-                raise InvalidChannelConfig(f"config.headers.{name}", "is not a valid header name")
-        for name, value in cfg.headers.items():
-            if any(c in value for c in "\r\n\0"):
-                raise InvalidChannelConfig(f"config.headers.{name}", "contains CR, LF or NUL")
+        if (problem := headers_problem(cfg.headers)) is not None:
+            raise InvalidChannelConfig(*problem)
         secret = cfg.secret
         if secret is None:
             secret = generate_secret()
@@ -763,7 +858,7 @@ class WebhookAdapter:
         if self._allow_private:
             return
         url = httpx.URL(config["url"])
-        host = url.raw_host.decode("ascii")
+        host = dial_host(url)
         if literal_address(host) is not None:
             return  # checked by validate_url already
         try:
@@ -816,12 +911,21 @@ class WebhookAdapter:
             raise PermanentError(f"config.url is not a valid URL: {exc}") from exc
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise PermanentError("config.url must be an http(s) URL with a host")
-        host = url.raw_host.decode("ascii")
+        custom = cfg.get("headers") or {}
+        if (problem := headers_problem(custom)) is not None:
+            # Stored before the header rules (or written around the API): no attempt could
+            # ever send it, so the delivery is dead at once, the header named, its value not.
+            field, text = problem
+            raise PermanentError(f"{field}: {text}")
+        host = dial_host(url)
         pin = Pin(host, await self.checked_addresses(host, url.port or _default_port(url)))
         now = self._clock()
-        headers, body = build_request(
-            message, signing_secrets(cfg, now), cfg.get("headers") or {}, int(now)
+        secrets = signing_secrets(cfg, now)
+        headers, body = build_request(message, secrets, custom, int(now))
+        quoted = request_secrets(
+            {**custom, "webhook-signature": headers.get("webhook-signature", "")}, secrets
         )
+        failure: Exception | None = None
         try:
             with self._clients.borrow() as client:
                 async with client.stream(
@@ -830,10 +934,10 @@ class WebhookAdapter:
                     data = b""
                     async for chunk in resp.aiter_raw():  # the transport stops at the limit
                         data += chunk
-        except httpx.TimeoutException as exc:
-            raise RetriableError(f"timed out: {type(exc).__name__}") from exc
-        except (httpx.TransportError, OSError) as exc:
-            raise RetriableError(f"connection failed: {_describe(exc)}") from exc
+        except Exception as exc:
+            failure = transport_error(exc, quoted)
+        if failure is not None:
+            raise failure
         excerpt = data[:EXCERPT_BYTES].decode("utf-8", "ignore")  # never over EXCERPT_BYTES
         return classify(
             resp.status_code, resp.headers.get("retry-after"), excerpt, self._clock(),

@@ -251,7 +251,12 @@ def create_app(
     )  # fmt: skip
 
     async def tenant() -> uuid.UUID:
-        auth = request.headers.get("Authorization", "")
+        given = request.headers.getlist("Authorization")
+        if len(given) > 1:
+            # Which one counts would be up to whatever reads the headers first (a proxy in
+            # front may pick the other): refuse rather than guess.
+            raise ApiError(400, "invalid_authorization", "more than one Authorization header")
+        auth = given[0] if given else ""
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "unauthorized", "missing bearer API key")

@@ -8,10 +8,21 @@ from typing import Annotated, Any
 
 import msgspec
 
+
+def whole(body: str) -> str:
+    r"""A pattern that matches when ``body`` matches the whole text, and only then.
+
+    msgspec matches a pattern with ``re.search``, and Python's ``$`` also matches just before a
+    final newline (``^a$`` takes ``"a\n"``); ``(?!\n)`` after it rules that out. The pattern is
+    also published in the OpenAPI document, whose regex dialect (ECMA-262) has no ``\A`` or
+    ``\Z``: this form means the same in both dialects."""
+    return rf"^(?:{body})$(?!\n)"
+
+
 # An event type: dot-separated words of letters, digits, '_', '-' and ':'.
-EVENT_TYPE_RE = r"^[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*$"
+EVENT_TYPE_RE = whole(r"[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*")
 # A channel's subscription: an exact event type, 'prefix.*' or '*'.
-PATTERN_RE = r"^(\*|[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*(\.\*)?)$"
+PATTERN_RE = whole(r"\*|[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*(\.\*)?")
 
 EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=EVENT_TYPE_RE)]
 Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=PATTERN_RE)]
@@ -64,7 +75,7 @@ class BatchIn(_Body):
     events: Annotated[list[EventIn], msgspec.Meta(min_length=1)]
 
 
-ReplayStatus = Annotated[str, msgspec.Meta(pattern=r"^(DEAD|DELIVERED)$")]
+ReplayStatus = Annotated[str, msgspec.Meta(pattern=whole("DEAD|DELIVERED"))]
 ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
 Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 # RFC 3339, with its offset: a time without one would depend on how Postgres reads it.
