@@ -17,8 +17,8 @@ from typing import cast
 import h11
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.events import Closed, Updated
 from hypercorn.events import Event as HyperEvent
-from hypercorn.events import Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -167,7 +167,7 @@ class _Server:
         self.live.add(conn)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.close_when_idle)
+                nursery.start_soon(conn.close_when_due)
                 await conn.run()
                 nursery.cancel_scope.cancel()
         except* Exception as group:
@@ -181,14 +181,16 @@ class _Server:
 
 
 class _Connection(TCPServer):
-    """hypercorn's handler of one connection, with two things decided by notifier: when an
-    idle connection closes, and what HTTP/1.1 requests may start (see :class:`_H11Connection`).
+    """hypercorn's handler of one connection, with two things decided by notifier: when the
+    connection closes, and what HTTP/1.1 requests may start (see :class:`_H11Connection`).
 
-    hypercorn's own idle timer is not reliable here: quart-trio cancels a request's tasks once
-    its answer is sent, which can cancel the restart of that timer after a kept-alive answer.
-    The ``Updated`` events that mark a connection idle or busy are seen here before anything
-    that can be cancelled, and :meth:`close_when_idle` closes the connection when it has been
-    idle for the keep-alive timeout, or at once when it is idle as the server stops."""
+    hypercorn closes a connection, and restarts its idle timer, from inside the task of the
+    request that ends, and quart-trio cancels that task once its answer is sent: the close can
+    be cut short (the socket stays open until the client leaves) and the idle timer may never
+    run again after a kept-alive answer. The ``Closed`` and ``Updated`` events that ask for
+    these are seen here before anything that can be cancelled, and :meth:`close_when_due`
+    closes the connection when hypercorn has asked to, when it has been idle for the
+    keep-alive timeout, or at once when it is idle as the server stops."""
 
     def __init__(self, server: _Server, stream: trio.SocketStream, state: ConnectionState) -> None:
         # Typed for TLS streams, hypercorn takes plain ones as well (it tells them apart).
@@ -196,15 +198,20 @@ class _Connection(TCPServer):
         super().__init__(server.app, server.hc, server.context, state, tls_typed)
         self._server = server
         self._idle = True
+        self._closing = False
         self._changed = trio.Event()
 
     def poke(self) -> None:
+        """Wake :meth:`close_when_due` to look again."""
         self._changed.set()
         self._changed = trio.Event()
 
     async def protocol_send(self, event: HyperEvent) -> None:
         if isinstance(event, Updated) and event.idle != self._idle:
             self._idle = event.idle
+            self.poke()
+        elif isinstance(event, Closed):
+            self._closing = True
             self.poke()
         await super().protocol_send(event)
 
@@ -219,8 +226,8 @@ class _Connection(TCPServer):
             )
         await super()._read_data()
 
-    async def close_when_idle(self) -> None:
-        while True:
+    async def close_when_due(self) -> None:
+        while not self._closing:
             changed = self._changed
             if not self._idle:
                 await changed.wait()
