@@ -247,9 +247,11 @@ class _H11Connection(h11.Connection):
     - With ``http2`` off, a request never switches the connection to HTTP/2: an ``Upgrade: h2c``
       is ignored (the request is answered in HTTP/1.1, as RFC 9110 allows) and the HTTP/2
       preface (``PRI * HTTP/2.0``) is refused with ``505`` and the connection closed.
-    - ``Expect: 100-continue`` invites the body only when the answer can depend on it: not when
-      ``Content-Length`` is over ``max_body_bytes`` (``413``) or there is no ``Authorization``
-      (``401``). hypercorn would send ``100 Continue`` before the app has seen the request.
+    - ``Expect: 100-continue`` does not invite a body whose ``Content-Length`` is over
+      ``max_body_bytes``: the answer is a refusal whatever the body (``413``, or ``401``), and
+      hypercorn would send ``100 Continue`` before the app has seen the request. (Other early
+      refusals, such as a missing key, still invite it: the app reads what is left of a body
+      before it answers, so the connection can carry the next request.)
     """
 
     def __init__(self, *, http2: bool, max_body_bytes: int, max_incomplete_event_size: int):
@@ -261,7 +263,7 @@ class _H11Connection(h11.Connection):
     def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         event = super().next_event()
         if isinstance(event, h11.Request):
-            self._uninvited = _refused_whatever_the_body(event, self._max_body_bytes)
+            self._uninvited = _over_the_limit(event, self._max_body_bytes)
             if not self._http2:
                 if event.http_version not in (b"1.0", b"1.1"):
                     raise h11.RemoteProtocolError("HTTP/2 is off", error_status_hint=505)
@@ -273,11 +275,9 @@ class _H11Connection(h11.Connection):
         return bool(super().they_are_waiting_for_100_continue) and not self._uninvited
 
 
-def _refused_whatever_the_body(request: h11.Request, max_body_bytes: int) -> bool:
+def _over_the_limit(request: h11.Request, max_body_bytes: int) -> bool:
     lengths = [v for n, v in request.headers if n == b"content-length"]
-    too_long = bool(lengths) and lengths[0].isdigit() and int(lengths[0]) > max_body_bytes
-    no_auth = not any(n == b"authorization" for n, _ in request.headers)
-    return too_long or no_auth
+    return bool(lengths) and lengths[0].isdigit() and int(lengths[0]) > max_body_bytes
 
 
 def _without_h2c_upgrade(request: h11.Request) -> h11.Request:
