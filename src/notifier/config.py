@@ -63,6 +63,8 @@ class IngestConfig(_Section, frozen=True):
     # Per API key, events per second over a token bucket of `rate_limit_burst`; 0 = no limit.
     rate_limit_per_second: NonNegativeFloat = 0.0
     rate_limit_burst: Positive = 200
+    # HTTP/2 cleartext (prior knowledge or `Upgrade: h2c`); off, every connection is HTTP/1.1.
+    http2: bool = False
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
@@ -16,7 +17,7 @@ from notifier.broker.topology import build_topology
 from notifier.config import Config
 from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
-from notifier.ingest.serve import serve_ingest
+from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.lifecycle import Stop, supervise
 from notifier.maintenance import run_maintenance
 from notifier.metrics import Metrics
@@ -85,7 +86,7 @@ async def run(
             root.start_soon(_stop_on_signals, stop, root.cancel_scope)
             root.start_soon(_bound_shutdown, stop, root.cancel_scope, grace)
             binds: list[str] = []
-            async with trio.open_nursery() as services:
+            async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:
                     app = create_app(
                         store, config, adapters,
@@ -93,10 +94,14 @@ async def run(
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
                     )  # fmt: skip
-                    binds = await services.start(
-                        functools.partial(serve_ingest, grace_seconds=grace),
-                        app, config.ingest.bind, stop,
+                    # Bound once (a port taken fails the start), kept while the server restarts.
+                    listeners = owned.enter_context(open_listeners(config.ingest.bind))
+                    binds = listeners.binds
+                    ingest = functools.partial(
+                        serve_ingest, app, listeners, stop, grace_seconds=grace,
+                        http2=config.ingest.http2, max_body_bytes=config.ingest.max_body_bytes,
                     )  # fmt: skip
+                    await services.start(supervise, "ingest", ingest, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
                             run_amqp_ingest, config, store, stop, metrics=metrics

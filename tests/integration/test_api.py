@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from notifier.ingest.app import hash_api_key
 from notifier.store.rows import Channel
@@ -376,6 +377,39 @@ async def test_body_over_max_body_bytes_is_413_and_writes_nothing(
                     # The same request under the limit goes through: only the size was refused.
                     small = await api.a.post(path, content=padded(path, 100), headers=JSON)
                     assert small.status_code in (201, 202), small.text
+
+
+async def first_answer_to_expect_continue(base_url: str, length: int, auth: str | None) -> bytes:
+    """Send the head of ``POST /v1/events`` with ``Expect: 100-continue`` (no body) and return
+    the head of the first answer."""
+    host, _, port = base_url.removeprefix("http://").rpartition(":")
+    lines = [b"POST /v1/events HTTP/1.1", b"Host: notifier", b"Content-Type: application/json",
+             b"Content-Length: %d" % length, b"Expect: 100-continue"]  # fmt: skip
+    if auth:
+        lines.append(b"Authorization: " + auth.encode())
+    async with await trio.open_tcp_stream(host, int(port)) as stream:
+        await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
+        answer = b""
+        with trio.fail_after(10):
+            while b"\r\n\r\n" not in answer:
+                chunk = await stream.receive_some(65536)
+                assert chunk, answer
+                answer += chunk
+    return answer.partition(b"\r\n\r\n")[0]
+
+
+async def test_expect_continue_over_the_size_limit_is_refused_without_100_continue(
+    api_db: str, subtests: pytest.Subtests
+) -> None:
+    """A client asking before it sends a body over the limit gets its refusal (413, or 401
+    without a key) without being invited to send it; under the limit it is invited."""
+    async with open_api(api_db, ingest={"max_body_bytes": MAX_BODY}) as api:
+        auth = api.a.headers["authorization"]
+        cases = [(MAX_BODY + 1, auth, 413), (MAX_BODY + 1, None, 401), (10, auth, 100)]
+        for length, key, status in cases:
+            with subtests.test(length=length, key=bool(key)):
+                head = await first_answer_to_expect_continue(api.running.base_url, length, key)
+                assert head.startswith(b"HTTP/1.1 %d " % status), head
 
 
 async def test_wrong_content_type_is_415_and_writes_nothing(

@@ -139,3 +139,69 @@ async def test_sigterm_with_deliveries_in_flight_loses_nothing(
     assert len(received) == len(set(received)), "a graceful shutdown causes no duplicates"
     verify_all(sink.received, secret)
     assert (await sql(database_url, "SELECT count(*) FROM outbox"))[0][0] == 0
+
+
+async def read_response(stream: trio.SocketStream, buffer: bytearray) -> tuple[bytes, bytes]:
+    """The next response head and body (by its Content-Length) on ``stream``; ``buffer`` keeps
+    what came after them."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed after {bytes(buffer)!r}"
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    lengths = [line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+    length = int(lengths[0].partition(b":")[2]) if lengths else 0
+    while len(rest) < length:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed after {head + rest!r}"
+        rest += chunk
+    buffer[:] = rest[length:]
+    return head, rest[:length]
+
+
+async def test_sigterm_closes_idle_connections_at_once_and_lets_requests_finish(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    port = free_port()
+    config_path, log = tmp_path / "notifier.toml", tmp_path / "notifier.log"
+    write_config(config_path, database_url, broker_url, port)  # a grace of 8 s
+    key = await create_tenant(database_url)
+    body = b'{"type": "t.x", "payload": {}}'
+    proc = await start_notifier(config_path, log)
+    try:
+        await wait_ready(f"http://127.0.0.1:{port}")
+        async with (
+            await trio.open_tcp_stream("127.0.0.1", port) as idle,
+            await trio.open_tcp_stream("127.0.0.1", port) as busy,
+        ):
+            idle_buffer, busy_buffer = bytearray(), bytearray()
+            # A kept-alive connection, idle after its answer.
+            await idle.send_all(b"GET /healthz HTTP/1.1\r\nHost: notifier\r\n\r\n")
+            with trio.fail_after(10):
+                head, _ = await read_response(idle, idle_buffer)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            # A request in flight: its head is in (the server invited the body), not its body.
+            await busy.send_all(
+                b"POST /v1/events HTTP/1.1\r\nHost: notifier\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                b"Expect: 100-continue\r\n\r\n" % (key.encode(), len(body))
+            )
+            with trio.fail_after(10):
+                head, _ = await read_response(busy, busy_buffer)
+            assert head.startswith(b"HTTP/1.1 100 "), head
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(2):  # at once, not after the grace period
+                while chunk := await idle.receive_some(65536):
+                    idle_buffer += chunk
+            assert not idle_buffer, "closed without a word"
+            await busy.send_all(body)
+            with trio.fail_after(5):
+                head, _ = await read_response(busy, busy_buffer)
+                assert head.startswith(b"HTTP/1.1 202 "), head
+                code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 0, log.read_text()
+    assert await scalar(database_url, "SELECT count(*) FROM events") == 1

@@ -59,6 +59,7 @@ def test_an_empty_document_gives_the_defaults() -> None:
     assert config.broker.queue_type == "quorum"
     assert config.ingest.bind == "127.0.0.1:8080"
     assert config.ingest.max_body_bytes == 1_048_576
+    assert config.ingest.http2 is False  # HTTP/2 cleartext is opt-in
     assert config.relay.batch_size == 500
     assert config.relay.poll_interval_seconds == 1.0
     assert config.retry.base_seconds == 30
@@ -124,6 +125,8 @@ def test_an_unknown_top_level_key_is_reported_like_nested_ones() -> None:
          "workers.webhook.allow_private_networks"),
         # a scalar where a table belongs
         ({"relay": 5}, "relay"),
+        # a string where a bool belongs, in the ingest section
+        ({"ingest": {"http2": "true"}}, "ingest.http2"),
         # an array element of the wrong type
         ({"retry": {"tiers_seconds": [1, "5"]}}, "retry.tiers_seconds[1]"),
         # not one of the allowed values
@@ -164,6 +167,10 @@ def test_an_out_of_range_value_is_refused_with_its_path(
     message = refusal(data)
     assert message.startswith(f"{path}: "), message
     assert words in message
+
+
+def test_http2_can_be_turned_on() -> None:
+    assert parse_config({"ingest": {"http2": True}}, env={}).ingest.http2 is True
 
 
 @pytest.mark.parametrize("bind", ["0.0.0.0:80", "[::1]:8080", "notifier.internal:65535"])
