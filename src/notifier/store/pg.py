@@ -201,12 +201,6 @@ class _Pool:
         async with self.acquire() as conn:
             return await conn.execute(query, *args)
 
-    async def close(self) -> None:
-        await self._pool.close()
-
-    def terminate(self) -> None:
-        self._pool.terminate()
-
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # JSON goes in and out as text; msgspec does the work. `msgspec.Raw` passes pre-encoded JSON.
