@@ -43,10 +43,20 @@ class ServiceConfig(_Section, frozen=True):
     shutdown_grace_seconds: NonNegativeFloat = 10.0
 
 
+# Postgres takes statement_timeout in whole milliseconds, and 0 would turn it off.
+DatabaseTimeout = Annotated[float, msgspec.Meta(ge=0.001, le=3600)]
+
+
 class DatabaseConfig(_Section, frozen=True):
     url: str = "postgresql://postgres@127.0.0.1:5432/notifier"
     pool_max_size: Positive = 20
     connect_timeout_seconds: PositiveFloat = 5.0
+    # Every store call waits at most this long for a pooled connection, then each of its
+    # statements at most `statement_timeout_seconds` (plus a moment for the cancel to come
+    # back): together below the 5-10 s HTTP clients usually wait, so a stalled Postgres answers
+    # 503 instead of a client's timeout.
+    acquire_timeout_seconds: DatabaseTimeout = 1.0
+    statement_timeout_seconds: DatabaseTimeout = 3.0
 
 
 class BrokerConfig(_Section, frozen=True):

@@ -80,8 +80,10 @@ async def run(
     db = config.database
     metrics = Metrics()  # this process's; /metrics serves it where ingest runs
     async with open_store(
-        db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds
-    ) as store:
+        db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds,
+        acquire_timeout_seconds=db.acquire_timeout_seconds,
+        statement_timeout_seconds=db.statement_timeout_seconds,
+    ) as store:  # fmt: skip
         async with trio.open_nursery() as root:
             root.start_soon(_stop_on_signals, stop, root.cancel_scope)
             root.start_soon(_bound_shutdown, stop, root.cancel_scope, grace)

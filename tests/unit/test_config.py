@@ -178,6 +178,43 @@ def test_good_binds_are_accepted(bind: str) -> None:
     assert parse_config({"ingest": {"bind": bind}}, env={}).ingest.bind == bind
 
 
+def test_the_database_waits_are_bounded_by_default_below_a_clients_timeout() -> None:
+    database = parse_config({}, env={}).database
+    assert database.acquire_timeout_seconds == 1.0
+    assert database.statement_timeout_seconds == 3.0
+    # A request waits for a connection, then its statement: within a 5 s client timeout.
+    assert database.acquire_timeout_seconds + database.statement_timeout_seconds < 5
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        # zero would mean "no bound" to Postgres (statement_timeout = 0)
+        ("statement_timeout_seconds", 0, ">= 0.001"),
+        ("acquire_timeout_seconds", 0, ">= 0.001"),
+        # under a millisecond rounds to zero on the server
+        ("statement_timeout_seconds", 0.0001, ">= 0.001"),
+        ("acquire_timeout_seconds", -1, ">= 0.001"),
+        # a bound of over an hour is no bound for a request
+        ("statement_timeout_seconds", 3601, "<= 3600"),
+        ("acquire_timeout_seconds", 86_400, "<= 3600"),
+        ("statement_timeout_seconds", "3", "Expected `float`"),
+    ],
+)
+def test_a_database_bound_out_of_range_is_refused_with_its_key(
+    key: str, value: Any, words: str
+) -> None:
+    message = refusal({"database": {key: value}})
+    assert message.startswith(f"database.{key}: "), message
+    assert words in message
+
+
+def test_database_bounds_are_read_from_the_file(tmp_path: Path) -> None:
+    text = "[database]\nacquire_timeout_seconds = 0.5\nstatement_timeout_seconds = 2\n"
+    database = load_config(write(tmp_path, text), env={}).database
+    assert (database.acquire_timeout_seconds, database.statement_timeout_seconds) == (0.5, 2.0)
+
+
 # -- environment overrides ----------------------------------------------------------------------
 
 

@@ -3,6 +3,12 @@
 Every public method is Trio-flavoured and crosses the bridge exactly once; the asyncio-flavoured
 bodies (``_*_aio``) do all their round trips on the asyncio side. asyncpg errors are mapped to
 ``StoreUnavailable`` (Postgres unreachable: callers answer 503 or retry) or ``StoreError``.
+
+Nothing waits on Postgres for ever: taking a pooled connection is bounded by the acquire
+timeout, and every statement by the statement timeout — on the server (Postgres cancels it, and
+the connection stays usable) and, a moment later, on the client (for when the server cannot
+answer at all, e.g. a stalled network path: the connection is closed). Either way the caller gets
+``StoreUnavailable`` within a few seconds.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -21,6 +28,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 import asyncpg
 import msgspec
 import trio
+from asyncpg.pool import PoolAcquireContext
 
 from notifier.bridge import aio, open_bridge
 from notifier.errors import StoreError, StoreUnavailable, UnstorableText
@@ -47,6 +55,11 @@ SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 QUERIES_DIR = Path(__file__).parent  # queries.sql, and queries_<area>.sql for each area
 DOORBELL_CHANNEL = "notifier_outbox"
 _MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
+# Schema changes may rewrite big tables or wait for another migrate: not bounded like requests.
+_MIGRATE_TIMEOUT_SECONDS = 3600.0
+# The client's own bound on a statement comes this long after the server's, so that a server
+# that can answer cancels the statement itself (and the connection is kept).
+_CLIENT_GRACE_SECONDS = 0.5
 
 
 def load_queries(directory: Path = QUERIES_DIR) -> dict[str, str]:
@@ -88,6 +101,8 @@ _UNAVAILABLE = (
     # a backend is terminated while the pool resets the connection): the connection is gone.
     asyncpg.InternalClientError,
     asyncpg.TooManyConnectionsError,
+    # statement_timeout: Postgres did not finish the statement in time (nothing was kept).
+    asyncpg.QueryCanceledError,
 )
 
 Row = Any  # an asyncpg Record; it never leaves this module
@@ -167,6 +182,80 @@ def _transaction(
         return await retry_conflicts(lambda: crossing(self, *args, **kwargs))
 
     return cast(Callable[Concatenate[S, P], Coroutine[Any, Any, T]], wrapper)
+
+
+class _Connection(asyncpg.Connection):
+    """Asyncio-flavoured. An asyncpg connection that closes itself when a statement times out.
+
+    On a timeout asyncpg asks the server to cancel the statement (over a second connection) and
+    keeps this one until the server has acknowledged it, so the next use of the connection — the
+    ROLLBACK of its transaction, the pool's reset on release — waits for that first. When the
+    path to Postgres is what stalls, neither ever comes, and each of those waits would take
+    another full timeout. A connection whose statement timed out is in an unknown state anyway:
+    close it at once; the pool opens a fresh one when it needs one.
+    """
+
+    async def _closing_on_timeout(self, statement: Awaitable[T]) -> T:
+        try:
+            return await statement
+        except TimeoutError:
+            self.terminate()
+            raise
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().execute(*args, **kwargs))
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().executemany(*args, **kwargs))
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetch(*args, **kwargs))
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchrow(*args, **kwargs))
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchval(*args, **kwargs))
+
+    async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchmany(*args, **kwargs))
+
+
+class _Pool:
+    """Asyncio-flavoured. The asyncpg pool, with every wait for a connection bounded.
+
+    asyncpg's pool waits for a free connection for ever unless told otherwise, and so would every
+    request queued behind connections stuck on a stalled Postgres. The same bound also limits
+    the pool's reset of a connection given back (asyncpg uses the acquire timeout for both).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout_seconds: float) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout_seconds
+
+    def acquire(self, timeout_seconds: float | None = None) -> PoolAcquireContext:
+        """A connection within ``timeout_seconds`` (by default the pool's acquire timeout), as
+        ``async with pool.acquire() as conn`` or ``conn = await pool.acquire()``."""
+        return self._pool.acquire(timeout=timeout_seconds or self._acquire_timeout)
+
+    async def release(self, conn: Conn) -> None:
+        await self._pool.release(conn)
+
+    async def fetch(self, query: str, *args: object) -> list[Row]:
+        async with self.acquire() as conn:
+            return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: object) -> Row | None:
+        async with self.acquire() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: object) -> str:
+        async with self.acquire() as conn:
+            return await conn.execute(query, *args)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -284,7 +373,7 @@ def _all_or_conflict(outcomes: list[IngestResult | IdempotencyConflict]) -> list
 class Store:
     """Trio-flavoured access to Postgres. Create with ``open_store``."""
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+    def __init__(self, pool: _Pool, dsn: str) -> None:
         self._pool = pool
         self._dsn = dsn
 
@@ -293,13 +382,23 @@ class Store:
     @_transaction
     async def migrate(self) -> None:
         sql = SCHEMA_PATH.read_text(encoding="utf-8")
+        wait = _MIGRATE_TIMEOUT_SECONDS
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK)
-            await conn.execute(sql)
+            await conn.execute("SET LOCAL statement_timeout = 0")
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK, timeout=wait)
+            await conn.execute(sql, timeout=wait)
 
     @_crossing
-    async def ping(self) -> None:
-        await self._pool.fetchval("SELECT 1")
+    async def ping(self, timeout_seconds: float) -> None:
+        """Whether Postgres answers ``SELECT 1`` within ``timeout_seconds`` (taking a connection
+        included); ``StoreUnavailable`` when it does not."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        async with self._pool.acquire(timeout_seconds) as conn:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError("no connection in time")
+            await conn.fetchval("SELECT 1", timeout=left)
 
     @_transaction
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
@@ -780,13 +879,17 @@ class OutboxClaim:
         await self._tx.commit()
         self._tx = None
 
-    async def _close(self, pool: asyncpg.Pool) -> None:
+    async def _close(self, pool: _Pool) -> None:
         """Trio-flavoured; roll back anything unfinished and give the connection back."""
 
         async def close() -> None:
             try:
-                if self._tx is not None and not self._conn.is_closed():
+                if self._tx is not None:
                     await self._tx.rollback()
+            except asyncpg.InterfaceError:
+                # The connection is closed already (a statement timed out): Postgres rolls the
+                # transaction back itself, and the pool has the connection back.
+                pass
             except Exception:
                 # A broken connection: the pool discards it on release.
                 log.warning("outbox claim: rollback failed", exc_info=True)
@@ -801,21 +904,33 @@ class OutboxClaim:
 
 @asynccontextmanager
 async def open_store(
-    dsn: str, *, max_size: int = 20, connect_timeout_seconds: float = 5.0
+    dsn: str,
+    *,
+    max_size: int = 20,
+    connect_timeout_seconds: float = 5.0,
+    acquire_timeout_seconds: float = 1.0,
+    statement_timeout_seconds: float = 3.0,
 ) -> AsyncIterator[Store]:
-    """Trio-flavoured. Open the bridge (if needed) and a pool; close it on exit."""
+    """Trio-flavoured. Open the bridge (if needed) and a pool; close it on exit.
+
+    A store call waits at most ``acquire_timeout_seconds`` for a connection, and each statement
+    runs at most ``statement_timeout_seconds`` (see the module docstring)."""
+    statement_ms = max(1, math.ceil(statement_timeout_seconds * 1000))
     async with open_bridge():
         try:
             pool = await aio(
                 asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
-                timeout=connect_timeout_seconds, init=_init_connection, command_timeout=60,
+                timeout=connect_timeout_seconds, init=_init_connection,
+                connection_class=_Connection,
+                server_settings={"statement_timeout": str(statement_ms)},
+                command_timeout=statement_timeout_seconds + _CLIENT_GRACE_SECONDS,
             )  # fmt: skip
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc!r}") from exc
         except asyncpg.PostgresError as exc:
             raise StoreError(f"cannot connect to Postgres: {exc}") from exc
         try:
-            yield Store(pool, dsn)
+            yield Store(_Pool(pool, acquire_timeout_seconds), dsn)
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(10) as closing:
