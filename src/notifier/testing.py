@@ -437,7 +437,9 @@ class MemoryOutbox:
 class MemoryBroker:
     """Routes by (exchange, routing key) like a direct exchange. Unroutable messages come back
     ``RETURNED``; ``nack_next``/``drop_confirms`` simulate a refusing or silent broker;
-    ``block()``/``unblock()`` a broker alarm (publishes go unconfirmed and land nowhere)."""
+    ``block()``/``unblock()`` a broker alarm (publishes go unconfirmed and land nowhere);
+    ``delete_queue`` a queue deleted under its users, ``declare_topology`` the declaration that
+    brings it back (``refuse_declares`` makes that fail)."""
 
     def __init__(self) -> None:
         self.bindings: dict[tuple[str, str], str] = {}
@@ -446,6 +448,8 @@ class MemoryBroker:
         self.nack_next = 0
         self.drop_confirms = False
         self.closed = False
+        self.declared: list[Topology] = []  # every declare_topology call
+        self.refuse_declares = False
         self._unblocked: trio.Event | None = None  # while blocked: set when the block lifts
 
     def block(self) -> None:
@@ -476,6 +480,20 @@ class MemoryBroker:
         """Bind every queue of ``topology`` the way ``AmqpConnection.declare`` does."""
         for q in topology.queues:
             self.bind(q.exchange, q.routing_key, q.name)
+
+    async def declare_topology(self, topology: Topology) -> None:
+        """``AmqpConnection.declare``: record ``topology`` in ``declared`` and bind its queues;
+        raise ``BrokerError`` instead while ``refuse_declares`` is set."""
+        await trio.lowlevel.checkpoint()
+        self.declared.append(topology)
+        if self.refuse_declares:
+            raise BrokerError("memory broker refuses declarations")
+        self.declare(topology)
+
+    def delete_queue(self, name: str) -> None:
+        """``rabbitmqctl delete_queue``: its bindings and messages are gone."""
+        self.bindings = {route: q for route, q in self.bindings.items() if q != name}
+        self.queues.pop(name, None)
 
     async def publish(self, message: Outgoing) -> Confirm:
         """One message; the worker's retry publisher has this shape."""
