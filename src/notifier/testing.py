@@ -3,7 +3,8 @@
 - ``WebhookSink``: a small HTTP server on trio that records every webhook it receives.
 - ``FakeBotApi``: Telegram's ``sendMessage`` on a ``WebhookSink``, recording every call, with
   failures (429 with ``retry_after``, chat not found, bot blocked, 500) scripted per chat.
-- ``MemoryOutbox``: an in-memory outbox with the relay's claim/finish/doorbell interface.
+- ``MemoryOutbox``: an in-memory outbox with the relay's claim/finish/doorbell interface (a
+  doorbell that can be lost, and LISTENs that fail on cue).
 - ``MemoryBroker``: an in-memory publisher with RabbitMQ's routing, returns and nacks.
 - ``fanout_targets``: the fan-out rule in Python, as the store's SQL implements it.
 - ``MemoryDeliveries``: the worker's delivery store in memory, with the forward-only status rule.
@@ -360,6 +361,11 @@ class MemoryDoorbell:
     def ring(self) -> None:
         self._event.set()
 
+    def lost(self) -> None:
+        """Its LISTEN connection is gone: it says so (one last ring) and never rings again."""
+        self.connected = False
+        self._event.set()
+
     def clear(self) -> None:
         if self._event.is_set():
             self._event = trio.Event()
@@ -390,6 +396,10 @@ class MemoryOutbox:
         self._locked: set[int] = set()
         self._next_id = 1
         self.bell = MemoryDoorbell()
+        # LISTEN: when each open_doorbell was asked for (trio time), and how many of the next
+        # ones fail as if Postgres were unreachable.
+        self.listened_at: list[float] = []
+        self.listen_failures = 0
 
     def add(
         self,
@@ -404,8 +414,13 @@ class MemoryOutbox:
         self._next_id += 1
         written = created_at or datetime.now(UTC)
         self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body, written)
-        self.bell.ring()
+        if self.bell.connected:  # nobody hears the NOTIFY while the LISTEN connection is lost
+            self.bell.ring()
         return row_id
+
+    def lose_doorbell(self) -> None:
+        """The LISTEN connection is lost (a terminated backend): the doorbell in use says so."""
+        self.bell.lost()
 
     @asynccontextmanager
     async def claim_outbox(self, limit: int) -> AsyncIterator[MemoryClaim]:
@@ -427,7 +442,14 @@ class MemoryOutbox:
 
     @asynccontextmanager
     async def open_doorbell(self) -> AsyncIterator[MemoryDoorbell]:
+        """LISTEN; a new doorbell once the previous one was lost."""
         await trio.lowlevel.checkpoint()
+        self.listened_at.append(trio.current_time())
+        if self.listen_failures > 0:
+            self.listen_failures -= 1
+            raise StoreUnavailable("memory outbox: LISTEN failed")
+        if not self.bell.connected:
+            self.bell = MemoryDoorbell()
         yield self.bell
 
 
@@ -437,7 +459,9 @@ class MemoryOutbox:
 class MemoryBroker:
     """Routes by (exchange, routing key) like a direct exchange. Unroutable messages come back
     ``RETURNED``; ``nack_next``/``drop_confirms`` simulate a refusing or silent broker;
-    ``block()``/``unblock()`` a broker alarm (publishes go unconfirmed and land nowhere)."""
+    ``block()``/``unblock()`` a broker alarm (publishes go unconfirmed and land nowhere);
+    ``delete_queue`` a queue deleted under its users, ``declare_topology`` the declaration that
+    brings it back (``refuse_declares`` makes that fail)."""
 
     def __init__(self) -> None:
         self.bindings: dict[tuple[str, str], str] = {}
@@ -446,6 +470,8 @@ class MemoryBroker:
         self.nack_next = 0
         self.drop_confirms = False
         self.closed = False
+        self.declared: list[Topology] = []  # every declare_topology call
+        self.refuse_declares = False
         self._unblocked: trio.Event | None = None  # while blocked: set when the block lifts
 
     def block(self) -> None:
@@ -476,6 +502,20 @@ class MemoryBroker:
         """Bind every queue of ``topology`` the way ``AmqpConnection.declare`` does."""
         for q in topology.queues:
             self.bind(q.exchange, q.routing_key, q.name)
+
+    async def declare_topology(self, topology: Topology) -> None:
+        """``AmqpConnection.declare``: record ``topology`` in ``declared`` and bind its queues;
+        raise ``BrokerError`` instead while ``refuse_declares`` is set."""
+        await trio.lowlevel.checkpoint()
+        self.declared.append(topology)
+        if self.refuse_declares:
+            raise BrokerError("memory broker refuses declarations")
+        self.declare(topology)
+
+    def delete_queue(self, name: str) -> None:
+        """``rabbitmqctl delete_queue``: its bindings and messages are gone."""
+        self.bindings = {route: q for route, q in self.bindings.items() if q != name}
+        self.queues.pop(name, None)
 
     async def publish(self, message: Outgoing) -> Confirm:
         """One message; the worker's retry publisher has this shape."""

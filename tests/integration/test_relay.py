@@ -6,6 +6,7 @@ import functools
 import uuid
 from typing import Any
 
+import pytest
 import trio
 
 from notifier import service
@@ -16,7 +17,15 @@ from notifier.broker.topology import main_queue
 from notifier.config import Config
 from notifier.lifecycle import Stop
 from notifier.store import open_store
-from tests.integration.conftest import make_config, poll, scalar, sql
+from notifier.testing import open_sink
+from tests.integration.conftest import (
+    create_tenant,
+    make_config,
+    poll,
+    run_notifier,
+    scalar,
+    sql,
+)
 
 ROWS_BEFORE = 600
 ROWS_DURING = 600
@@ -110,3 +119,52 @@ async def test_unroutable_row_stays_in_the_outbox_with_its_error(
     assert "returned" in rows[0]["last_error"]
     seen = await drain_queue(config, main_queue("webhook"), len(routable))
     assert sorted(seen) == sorted(str(i) for i in routable)
+
+
+async def terminate_listen_backends(database_url: str) -> int:
+    """Terminate the backends of this test's database that are listening for the outbox
+    doorbell (their last statement was the LISTEN); return how many."""
+    found = await sql(
+        database_url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND query ILIKE 'LISTEN%'",
+    )
+    return len(found)
+
+
+async def test_losing_the_listen_connection_keeps_the_relay_polling_without_a_restart(
+    database_url: str, broker_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    poll_interval = 1.0
+    config = make_config(database_url, broker_url, relay={"poll_interval_seconds": poll_interval})
+    key = await create_tenant(database_url)
+
+    async def listening() -> bool:
+        n = await scalar(
+            database_url,
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+        )
+        return bool(n == 1)
+
+    latencies: list[float] = []
+    async with open_sink() as sink, run_notifier(config) as running, running.client(key) as api:
+        body = {"type": "webhook", "config": {"url": sink.url}, "event_types": ["*"]}
+        assert (await api.post("/v1/channels", json=body)).status_code == 201
+        for n in range(1, 6):
+            with trio.fail_after(10):
+                await poll(listening)  # listening (again) before each loss
+            assert await terminate_listen_backends(database_url) == 1
+            sent = trio.current_time()
+            resp = await api.post("/v1/events", json={"type": "probe", "payload": {"n": n}})
+            assert resp.status_code == 202, resp.text
+            with trio.fail_after(10):
+                await sink.wait_for(n)
+            latencies.append(sink.received[-1].at - sent)
+    # Without the doorbell the relay polls: each event arrives within about one poll interval,
+    # however often the LISTEN connection is lost.
+    assert max(latencies) < poll_interval + 1.0, latencies
+    assert len(sink.received) == 5
+    restarts = [r.getMessage() for r in caplog.records if "restarting in" in r.getMessage()]
+    assert restarts == []

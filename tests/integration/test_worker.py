@@ -343,3 +343,45 @@ async def test_a_destination_gone_for_good_disables_its_channel_until_patched(
         assert resp.json()["disabled_at"] is None
         assert len(await post_event(api)) == 1
     assert len(adapter.messages) >= 1
+
+
+async def test_deleted_retry_tiers_are_declared_again_without_a_hot_loop(
+    database_url: str, broker_url: str, vhost: str
+) -> None:
+    # Backoff 2·2^0 = 2 s → tier 2 s, then 2·2^1 = 4 s → tier 5 s; the reconciler runs every
+    # second and re-sends a delivery 5 s past due, as it would for a lost message.
+    config = fast_retries(
+        database_url, broker_url, retry={"base_seconds": 2, "tiers_seconds": [2, 5]},
+        workers={"webhook": {"concurrency": 2, "prefetch": 4, "max_attempts": 3,
+                             "allow_private_networks": True}},
+        maintenance={"interval_seconds": 1, "stuck_after_seconds": 5},
+    )  # fmt: skip
+    tiers = ["deliveries.webhook.retry.2s", "deliveries.webhook.retry.5s"]
+    key = await create_tenant_key(database_url)
+    async with (
+        open_sink(answers(then=500)) as sink,
+        run_notifier(config) as running,
+        running.client(key) as api,
+    ):
+        await create_channel(api, sink.url)
+        for tier in tiers:  # an operator (or a broker that lost its definitions) removes them
+            await trio.to_thread.run_sync(rabbitmqctl, "delete_queue", "-p", vhost, tier)
+        assert not set(tiers) & set(await trio.to_thread.run_sync(queue_depths, vhost))
+        (delivery_id,) = await post_event(api)
+        with trio.fail_after(40):
+            await wait_status(database_url, delivery_id, "DEAD")
+            await wait_depth(vhost, "deliveries.webhook.dead", 1)
+            # the returned retries declared the tiers again; nothing is left in flight
+            for queue in [*tiers, "deliveries.webhook"]:
+                await wait_depth(vhost, queue, 0)
+        calls = list(sink.received)
+    # every call of the receiver is an attempt row, and the budget of 3 ends it DEAD
+    assert await outcomes(database_url, delivery_id) == [(1, "retry"), (2, "retry"), (3, "dead")]
+    assert len(calls) == 3
+    row = await delivery(database_url, delivery_id)
+    assert (row["status"], row["attempt"]) == ("DEAD", 3)
+    # the calls waited out their tiers: no hot loop (with a little broker slack)
+    first, second, third = (r.at for r in calls)
+    assert 1.5 <= second - first < 4.0
+    assert 4.5 <= third - second < 7.0
+    verify_all(calls, SECRET)

@@ -14,7 +14,8 @@ import trio.testing
 
 from notifier.adapters.base import Receipt
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
-from notifier.broker.topology import build_topology
+from notifier.broker.repair import RepairingPublish
+from notifier.broker.topology import build_topology, retry_queue, routes_to
 from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUnavailable
 from notifier.messages import WorkerMessage, decode_message, encode_message
 from notifier.store.rows import AttemptRecord, DeliveryState
@@ -30,7 +31,7 @@ from notifier.testing import (
 )
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.handle import (
-    FINAL_WRITE_TIMEOUT_SECONDS,
+    RETRY_PUBLISH_TIMEOUT_SECONDS,
     STORE_UNAVAILABLE_PAUSE_SECONDS,
     Handler,
     Publish,
@@ -63,9 +64,12 @@ def message(n: int = 1, **changes: Any) -> WorkerMessage:
     return worker_message(n, **{"channel_config": config, **changes})
 
 
+TOPOLOGY = build_topology(["webhook"], TIERS, "quorum")
+
+
 def routed_broker() -> MemoryBroker:
     broker = MemoryBroker()
-    broker.declare(build_topology(["webhook"], TIERS, "quorum"))
+    broker.declare(TOPOLOGY)
     return broker
 
 
@@ -83,10 +87,14 @@ class Rig:
         self.broker = broker or routed_broker()
         self.reporter = RecordingReporter()
         self.sink = SettleLog(self.store, self.broker)
+        # as the worker group wires it: a returned retry declares its tier again
+        self.repairing = RepairingPublish(
+            self.broker.publish, self.broker.declare_topology, TOPOLOGY
+        )
         self.handler = Handler(
             self.store,
             self.adapter,
-            publish or self.broker.publish,
+            publish or self.repairing,
             timeout_seconds=TIMEOUT,
             policy=POLICY,
             reporter=self.reporter,
@@ -197,7 +205,7 @@ async def test_a_rate_limited_copy_is_delivered_later_without_using_up_an_attemp
     assert [r.outcome for r in rig.store.attempts] == ["delivered", "rate_limited", "delivered"]
 
 
-async def test_a_rate_limited_message_whose_retry_publish_fails_is_requeued(
+async def test_a_rate_limited_message_whose_retry_publish_fails_is_recorded_and_acked(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     rig = Rig(PacedAdapter(interval_seconds=10))
@@ -207,10 +215,15 @@ async def test_a_rate_limited_message_whose_retry_publish_fails_is_requeued(
     assert await rig.handle(first) is Settle.ACK
     rig.broker.nack_next = 1
 
-    assert await rig.handle(second) is Settle.REQUEUE
+    assert await rig.handle(second) is Settle.ACK
 
-    assert [r.delivery_id for r in rig.store.attempts] == [first.delivery_id]
+    # the reconciler enqueues it again from its next_attempt_at; status and attempt stay
+    assert [(r.delivery_id, r.outcome) for r in rig.store.attempts] == [
+        (first.delivery_id, "delivered"), (second.delivery_id, "rate_limited"),
+    ]  # fmt: skip
+    assert rig.store.attempts[1].next_attempt_at is not None
     assert rig.store.state(second.delivery_id) == DeliveryState("PENDING", 0)
+    assert trio.current_time() == 0
 
 
 # -- delivered: DELIVERED + attempt row, Ack ----------------------------------------------------
@@ -358,7 +371,30 @@ async def test_the_retry_is_confirmed_before_the_attempt_is_recorded() -> None:
     assert store.confirmed_at_record == [1]
 
 
-# -- retry publish fails: Nack(requeue), status unchanged ----------------------------------------
+# -- retry publish returned: its tier is declared again -------------------------------------------
+
+
+async def test_a_returned_retry_declares_its_tier_again_and_goes_on() -> None:
+    rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503")))
+    tier = retry_queue("webhook", 1)  # backoff 1 s after the first attempt
+    rig.broker.delete_queue(tier)
+    m = message()
+    rig.store.add(m.delivery_id)
+
+    assert await rig.handle(m) is Settle.ACK
+
+    assert rig.broker.declared == [routes_to(TOPOLOGY, RETRY_EXCHANGE, tier)]
+    returned, again = rig.broker.published  # the first came back unroutable
+    assert returned == again
+    assert rig.broker.queues[tier] == [again]  # confirmed this time
+    assert retry_copy(again) == msgspec.structs.replace(m, attempt=2)
+    [row] = rig.store.attempts
+    assert (row.attempt, row.status, row.outcome) == (1, "RETRYING", "retry")
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 1)
+    assert rig.sink.seen_at_settle == [(1, 2)]
+
+
+# -- retry publish fails: the attempt is recorded, the original acked -----------------------------
 
 
 async def _raises_broker_error(out: Outgoing) -> Confirm:
@@ -372,9 +408,11 @@ async def _never_answers(out: Outgoing) -> Confirm:
 
 
 @pytest.mark.parametrize(
-    "failure", ["nacked", "unconfirmed", "returned", "raises BrokerError", "never answers"]
-)
-async def test_a_failed_retry_publish_requeues_and_leaves_the_status(
+    "failure",
+    ["nacked", "unconfirmed", "returned, the tier cannot be declared", "raises BrokerError",
+     "never answers"],
+)  # fmt: skip
+async def test_a_failed_retry_publish_records_the_attempt_and_acks(
     mock_clock: trio.testing.MockClock, failure: str
 ) -> None:
     broker = routed_broker()
@@ -383,8 +421,9 @@ async def test_a_failed_retry_publish_requeues_and_leaves_the_status(
         broker.nack_next = 1
     elif failure == "unconfirmed":
         broker.drop_confirms = True
-    elif failure == "returned":
-        broker = MemoryBroker()  # no retry tiers declared: unroutable
+    elif failure.startswith("returned"):
+        broker = MemoryBroker()  # no retry tiers, and no declaring them
+        broker.refuse_declares = True
     elif failure == "raises BrokerError":
         publish = _raises_broker_error
     else:
@@ -394,29 +433,73 @@ async def test_a_failed_retry_publish_requeues_and_leaves_the_status(
     )
     m = message(attempt=2)
     rig.store.add(m.delivery_id, status="RETRYING", attempt=1)
+    before = datetime.now(UTC)
 
-    assert await rig.handle(m) is Settle.REQUEUE
+    assert await rig.handle(m) is Settle.ACK
 
+    # the receiver was called: that is an attempt, with its next_attempt_at for the reconciler
     assert rig.adapter.messages == [m]
-    assert rig.store.attempts == []  # no row, since the retry was not confirmed
-    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 1)
-    assert m.delivery_id not in rig.store.last_errors
+    [row] = rig.store.attempts
+    assert (row.attempt, row.status, row.outcome, row.error) == (2, "RETRYING", "retry",
+                                                                 "HTTP 503")  # fmt: skip
+    assert_next_attempt_in(row, 5, before, datetime.now(UTC))  # backoff 2 s → tier 5 s
+    assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 2)
     assert rig.reporter.reports == []
-    expected_time = FINAL_WRITE_TIMEOUT_SECONDS if failure == "never answers" else 0
+    expected_time = RETRY_PUBLISH_TIMEOUT_SECONDS if failure == "never answers" else 0
     assert trio.current_time() == expected_time
+    # the original, should the broker hand it out again, does not call the receiver again
+    assert await rig.handle(m) is Settle.ACK
+    assert rig.adapter.messages == [m]
 
 
-async def test_the_requeued_message_is_retried_when_the_broker_is_back() -> None:
+async def test_a_retry_whose_publish_failed_is_made_when_the_reconciler_sends_it() -> None:
     rig = Rig(RecordingAdapter("webhook", RetriableError("HTTP 503"), None))
     m = message()
     rig.store.add(m.delivery_id)
     rig.broker.nack_next = 1
 
-    assert await rig.handle(m) is Settle.REQUEUE
-    assert await rig.handle(m) is Settle.ACK  # the same attempt again: delivered now
+    assert await rig.handle(m) is Settle.ACK
+    # the reconciler's copy: the next attempt (``reconcile`` in queries_ops.sql)
+    assert await rig.handle(msgspec.structs.replace(m, attempt=2)) is Settle.ACK
 
-    assert rig.adapter.messages == [m, m]
-    assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 1)
+    assert [x.attempt for x in rig.adapter.messages] == [1, 2]
+    assert rig.store.state(m.delivery_id) == DeliveryState("DELIVERED", 2)
+
+
+async def test_retries_that_can_never_be_published_wait_for_the_reconciler_and_end_dead(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Every retry publish comes back returned and the tier cannot be declared again. The
+    broker redelivers a requeued message at once; the reconciler re-sends an unfinished
+    delivery that has no message every ``STUCK`` seconds. The receiver is called once per
+    attempt, never faster than the reconciler, and the budget ends the delivery DEAD."""
+    stuck = 600.0
+    broker = MemoryBroker()
+    broker.refuse_declares = True
+    rig = Rig(RecordingAdapter("webhook", default=RetriableError("HTTP 500")), broker=broker)
+    m = message(max_attempts=3)
+    rig.store.add(m.delivery_id)
+    queue = [m]
+    for _ in range(50):  # far more rounds than a correct run needs
+        state = rig.store.state(m.delivery_id)
+        assert state is not None
+        if state.status in ("DELIVERED", "DEAD"):
+            break
+        if queue:
+            took = queue.pop(0)
+            if await rig.handle(took) is Settle.REQUEUE:
+                queue.append(took)  # straight back to the head of the queue
+        else:
+            await trio.sleep(stuck)
+            queue.append(msgspec.structs.replace(m, attempt=state.attempt + 1))
+
+    assert [x.attempt for x in rig.adapter.messages] == [1, 2, 3]
+    assert rig.adapter.called_at == [0, stuck, 2 * stuck]
+    assert [(r.attempt, r.outcome) for r in rig.store.attempts] == [
+        (1, "retry"), (2, "retry"), (3, "dead"),
+    ]  # fmt: skip
+    assert rig.store.state(m.delivery_id) == DeliveryState("DEAD", 3)
+    assert [how for _, how in rig.sink.settled] == [Settle.ACK, Settle.ACK, Settle.REJECT]
 
 
 # -- permanent failure or attempts exhausted: DEAD + row + Sentry, Reject -------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -442,3 +443,76 @@ async def run_loop(
         poll_interval_seconds=POLL,
         task_status=task_status,
     )
+
+
+# -- the doorbell is a hint: losing LISTEN never stops the relay ----------------------------------
+
+
+async def test_a_lost_doorbell_leaves_the_relay_polling_without_failing(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        outbox.listen_failures = 1000  # once lost, LISTEN never comes back
+        await trio.sleep(0.3)
+        outbox.lose_doorbell()
+        for n in range(1, 6):  # rows over a minute, their NOTIFY heard by nobody
+            await trio.sleep(12.25)
+            added = trio.current_time()
+            outbox.add(delivery(n), "webhook", b"")
+            await mq.wait_published()
+            assert added < trio.current_time() <= added + POLL  # found by the next poll
+        stop.set()
+    assert len(mq.published) == 5
+    assert outbox.rows == {}
+    assert len(outbox.listened_at) > 5  # it kept trying to listen again, in the background
+
+
+async def test_the_relay_listens_again_with_a_backoff_of_its_own(
+    mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="notifier.relay")
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        outbox.listen_failures = 2
+        await trio.sleep(0.5)
+        outbox.lose_doorbell()
+        await trio.sleep(10)
+        # lost at 0.5: tried again after 0.5 s, then 1 s and 2 s (two refusals), then listening
+        assert outbox.listened_at == pytest.approx([0, 1.0, 2.0, 4.0])
+        outbox.add(delivery(1), "webhook", b"")  # rings the new doorbell
+        await mq.wait_published()
+        assert trio.current_time() == pytest.approx(10.5)  # at once, not at the next poll
+        await trio.sleep(10)
+        outbox.lose_doorbell()  # after a connection that held: the backoff starts over
+        await trio.sleep(1)
+        assert outbox.listened_at[4:] == pytest.approx([21.0])
+        stop.set()
+    lost = "the outbox LISTEN connection was lost; the relay polls until it is back"
+    refused = (
+        "listening for the outbox doorbell failed (the relay polls): "
+        "StoreUnavailable('memory outbox: LISTEN failed')"
+    )
+    back = "listening for the outbox doorbell again"
+    assert [r.getMessage() for r in caplog.records if r.name == "notifier.relay"] == [
+        lost, refused, refused, back, lost, back,
+    ]  # fmt: skip
+
+
+async def test_a_relay_whose_first_listen_fails_starts_and_polls(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    outbox, mq, stop = MemoryOutbox(), TimedBroker(), Stop()
+    outbox.listen_failures = 1
+    outbox.add(delivery(1), "webhook", b"")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_loop, outbox, mq, stop)
+        assert trio.current_time() == 0
+        if not mq.published:
+            await mq.wait_published()
+        await trio.sleep(1)
+        stop.set()
+    assert mq.published_at == [0.0]
+    assert outbox.listened_at == [0.0, 0.5]

@@ -48,6 +48,15 @@ class Topology:
     queues: list[Queue] = field(default_factory=list)
 
 
+def routes_to(topology: Topology, exchange: str, routing_key: str) -> Topology:
+    """The part of ``topology`` that a publish to ``exchange`` with ``routing_key`` needs: that
+    exchange and the queues bound to it with that key. A publish that comes back unroutable
+    names exactly these; declaring them again is what repairs it."""
+    queues = [q for q in topology.queues if (q.exchange, q.routing_key) == (exchange, routing_key)]
+    exchanges = (exchange,) if exchange in topology.exchanges else ()
+    return Topology(exchanges=exchanges, queues=queues)
+
+
 def _kind(queue_type: str) -> dict[str, Any]:
     return {"x-queue-type": queue_type}
 

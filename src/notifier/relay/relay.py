@@ -18,9 +18,10 @@ import trio
 
 from notifier.broker.base import Confirm, Outgoing, Publisher
 from notifier.broker.topology import EXCHANGE
-from notifier.errors import BrokerError, StoreUnavailable
+from notifier.errors import BrokerError
 from notifier.lifecycle import Stop
 from notifier.metrics import Metrics
+from notifier.relay.doorbell import DoorbellStore, Hint, keep_listening
 from notifier.store.rows import OutboxRow
 
 log = logging.getLogger("notifier.relay")
@@ -37,18 +38,8 @@ class Claim(Protocol):
     async def finish(self, sent: Sequence[int], refused: dict[int, str]) -> None: ...
 
 
-class Bell(Protocol):
-    connected: bool
-
-    def clear(self) -> None: ...
-
-    async def wait(self) -> None: ...
-
-
-class OutboxStore(Protocol):
+class OutboxStore(DoorbellStore, Protocol):
     def claim_outbox(self, limit: int) -> AbstractAsyncContextManager[Claim]: ...
-
-    def open_doorbell(self) -> AbstractAsyncContextManager[Bell]: ...
 
 
 async def relay_once(
@@ -108,20 +99,46 @@ async def relay_loop(
     metrics: Metrics | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first."""
-    async with store.open_doorbell() as bell:
+    """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first.
+
+    A pass runs when the doorbell rings and at the latest every ``poll_interval_seconds``. The
+    doorbell is a hint: while its LISTEN connection is lost the relay only polls, and listens
+    again in the background (``keep_listening``); it never stops for it. A failing pass (the
+    broker or Postgres gone) raises, and the supervisor restarts the relay."""
+    hint = Hint()
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(keep_listening, store, hint)
         task_status.started()
-        while not stop.is_set():
-            await _wait_publishable(publisher, stop)
-            if stop.is_set():
-                break
-            bell.clear()
-            if await relay_once(store, publisher, batch_size, metrics) >= batch_size:
-                continue  # probably more waiting: no need to wait for the bell
-            if not bell.connected:
-                raise StoreUnavailable("the outbox LISTEN connection was lost")
-            with stop.intake(), trio.move_on_after(poll_interval_seconds):
-                await bell.wait()
+        try:
+            await _relay_until_stopped(
+                store, publisher, stop, hint, batch_size, poll_interval_seconds, metrics
+            )
+        except Exception as exc:  # raised below, as itself rather than in an ExceptionGroup
+            failure = exc
+        nursery.cancel_scope.cancel()  # stop listening
+    if failure is not None:
+        raise failure
+
+
+async def _relay_until_stopped(
+    store: OutboxStore,
+    publisher: Publisher,
+    stop: Stop,
+    hint: Hint,
+    batch_size: int,
+    poll_interval_seconds: float,
+    metrics: Metrics | None,
+) -> None:
+    while not stop.is_set():
+        await _wait_publishable(publisher, stop)
+        if stop.is_set():
+            break
+        hint.clear()
+        if await relay_once(store, publisher, batch_size, metrics) >= batch_size:
+            continue  # probably more waiting: no need to wait for the bell
+        with stop.intake(), trio.move_on_after(poll_interval_seconds):
+            await hint.wait()
 
 
 async def _wait_publishable(publisher: Publisher, stop: Stop) -> None:

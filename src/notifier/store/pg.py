@@ -709,7 +709,8 @@ class Store:
 
     @asynccontextmanager
     async def open_doorbell(self) -> AsyncIterator[Doorbell]:
-        """Trio-flavoured. LISTEN on the outbox channel on a connection of its own."""
+        """Trio-flavoured. LISTEN on the outbox channel on a connection of its own; the bell
+        says when that connection is lost (the relay then listens again with a new one)."""
         bell = Doorbell()
         token = trio.lowlevel.current_trio_token()
 
@@ -718,11 +719,16 @@ class Store:
 
         try:
             conn: asyncpg.Connection = await aio(asyncpg.connect, self._dsn, timeout=10)
-            await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
-        conn.add_termination_listener(lambda *_: token.run_sync_soon(bell.lost))
         try:
+            try:
+                await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)
+            except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
+                raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
+            conn.add_termination_listener(lambda *_: token.run_sync_soon(bell.lost))
+            if conn.is_closed():  # lost before the listener was in place: it will not say so
+                bell.lost()
             yield bell
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):

@@ -13,6 +13,7 @@ from notifier.adapters.base import Adapter
 from notifier.batching import Batcher
 from notifier.broker.amqp import open_connection
 from notifier.broker.base import Confirm, Incoming, Outgoing
+from notifier.broker.repair import RepairingPublish
 from notifier.broker.topology import build_topology, main_queue
 from notifier.config import Config, WorkerGroupConfig
 from notifier.errors import BrokerError
@@ -95,8 +96,10 @@ async def run_worker_group(
                 publisher.publish_batch, max_batch=256,
                 closed=lambda: BrokerError("the worker group is stopping"),
             )  # fmt: skip
+            # a retry tier deleted under the group is declared again by the first return
+            publish = RepairingPublish(retries, publishing.declare, topology)
             handler = Handler(
-                deliveries, adapter, retries, timeout_seconds=workers.timeout_seconds,
+                deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
                 policy=retry_policy(config), reporter=reporter, metrics=metrics,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None

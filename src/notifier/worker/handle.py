@@ -7,6 +7,12 @@ propagates (an unsettled message simply returns to the queue). What each outcome
 decided in ``decide``; this module only carries decisions out, in the order that keeps the
 at-least-once promise: a retry copy is confirmed by the broker before the attempt is recorded,
 and the attempt is recorded before the original is acked.
+
+Every call of an adapter ends in an attempt row. When the retry copy cannot be published (after
+its route was declared again, see ``broker.repair``), the attempt is recorded all the same and
+the original acked: Postgres then holds the delivery ``RETRYING`` with its ``next_attempt_at``
+and no message, which the reconciler (``maintenance``) enqueues again once it is overdue. The
+receiver is never called again without a backoff.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ log = logging.getLogger("notifier.worker")
 # The retry publish and the final write of an attempt that happened are finished even during
 # shutdown, bounded by this.
 FINAL_WRITE_TIMEOUT_SECONDS = 10.0
+# Of that, the retry publish (with a repair of its route, see broker.repair) may take this long;
+# the rest is the record's.
+RETRY_PUBLISH_TIMEOUT_SECONDS = 6.0
 # Postgres unreachable: hold the message this long before handing it back to the queue, so an
 # outage does not spin messages through the queue (each return counts against its delivery
 # limit).
@@ -252,6 +261,17 @@ class Handler:
             latency = seconds_between(message.created_at, datetime.now(UTC))
             m.delivery_latency.labels(self._type).observe(latency)
 
+    async def _publish_retry(self, out: Outgoing) -> tuple[Confirm, str]:
+        """Publish a retry copy, bounded so that the record after it keeps its time; the
+        confirm, and what to log when it is not ``CONFIRMED``."""
+        with trio.move_on_after(RETRY_PUBLISH_TIMEOUT_SECONDS):
+            try:
+                confirm = await self._publish(out)
+            except BrokerError as exc:
+                return Confirm.UNCONFIRMED, repr(exc)
+            return confirm, confirm.value
+        return Confirm.UNCONFIRMED, f"no confirm in {RETRY_PUBLISH_TIMEOUT_SECONDS:g} s"
+
     async def _carry_out(
         self, message: WorkerMessage, decision: Decision, record: AttemptRecord,
         attempted: Attempted,
@@ -263,19 +283,18 @@ class Handler:
                 copy = msgspec.structs.replace(message, attempt=decision.retry_attempt)
             queue = retry_queue(self._type, decision.retry_tier)
             out = Outgoing(RETRY_EXCHANGE, queue, encode_message(copy), str(message.delivery_id))
-            try:
-                confirm = await self._publish(out)
-            except BrokerError as exc:
-                confirm, why = Confirm.UNCONFIRMED, repr(exc)
-            else:
-                why = confirm.value
+            confirm, why = await self._publish_retry(out)
             if confirm is not Confirm.CONFIRMED:
+                # The attempt happened all the same: it is recorded (with its next_attempt_at)
+                # and the original acked. Handing the original back instead would call the
+                # receiver again at once, unrecorded, as fast as the broker redelivers it; the
+                # reconciler enqueues the next attempt from Postgres once it is overdue.
                 log.warning(
-                    "delivery %s attempt %d: publishing the retry to %s failed (%s); requeueing",
+                    "delivery %s attempt %d: publishing the retry to %s failed (%s); the "
+                    "reconciler enqueues it once it is overdue",
                     message.delivery_id, message.attempt, queue, why,
                     extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
                 )  # fmt: skip
-                return Settle.REQUEUE
         try:
             await self._store.record_attempt(record)
         except StoreError as exc:

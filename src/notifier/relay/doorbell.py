@@ -1,0 +1,104 @@
+"""The relay's doorbell: LISTEN when it can, a hint only.
+
+The relay polls the outbox every ``poll_interval_seconds`` whatever happens; a NOTIFY only
+wakes it sooner. So losing the LISTEN connection (a terminated backend, a Postgres restart) is
+no reason to stop relaying: the relay goes on polling while ``keep_listening`` opens a new
+LISTEN connection in the background, with a small backoff of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import trio
+
+from notifier.errors import StoreError
+
+log = logging.getLogger("notifier.relay")
+
+# LISTEN lost or refused: listen again after this long, doubling up to the maximum; a
+# connection that held for at least the maximum starts the backoff over.
+RELISTEN_INITIAL_BACKOFF_SECONDS = 0.5
+RELISTEN_MAX_BACKOFF_SECONDS = 5.0
+
+
+class Bell(Protocol):
+    """One LISTEN connection's doorbell (``Store.open_doorbell``): rings on a NOTIFY, and once
+    more, with ``connected`` False, when the connection is lost."""
+
+    connected: bool
+
+    def clear(self) -> None: ...
+
+    async def wait(self) -> None: ...
+
+
+class DoorbellStore(Protocol):
+    def open_doorbell(self) -> AbstractAsyncContextManager[Bell]: ...
+
+
+class Hint:
+    """What the relay waits on between polls: rung by a NOTIFY, and whenever the LISTEN
+    connection is lost or back (either way a pass is due, as notifications may have been
+    missed)."""
+
+    def __init__(self) -> None:
+        self._rung = trio.Event()
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    def clear(self) -> None:
+        if self._rung.is_set():
+            self._rung = trio.Event()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+
+async def keep_listening(
+    store: DoorbellStore,
+    hint: Hint,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. Ring ``hint`` on every outbox NOTIFY, for ever (cancel it to stop).
+
+    ``started()`` comes after the first LISTEN, or after it failed: the relay is ready to poll
+    either way. A lost or refused LISTEN connection is logged, rings ``hint`` and is opened
+    again after a backoff; nothing here ever fails the relay for it.
+    """
+    delay = RELISTEN_INITIAL_BACKOFF_SECONDS
+    started = False
+    while True:
+        began = trio.current_time()
+        try:
+            async with store.open_doorbell() as bell:
+                if started:
+                    log.info("listening for the outbox doorbell again")
+                    hint.ring()  # a pass for whatever rang while nobody listened
+                else:
+                    started = True
+                    task_status.started()
+                await _forward(bell, hint)
+            log.warning("the outbox LISTEN connection was lost; the relay polls until it is back")
+        except StoreError as exc:
+            log.warning("listening for the outbox doorbell failed (the relay polls): %r", exc)
+        if not started:
+            started = True
+            task_status.started()
+        hint.ring()
+        if trio.current_time() - began >= RELISTEN_MAX_BACKOFF_SECONDS:
+            delay = RELISTEN_INITIAL_BACKOFF_SECONDS  # it held for a while: start over
+        await trio.sleep(delay)
+        delay = min(delay * 2, RELISTEN_MAX_BACKOFF_SECONDS)
+
+
+async def _forward(bell: Bell, hint: Hint) -> None:
+    """Ring ``hint`` for every ring of ``bell``; return once its connection is lost."""
+    while bell.connected:
+        await bell.wait()
+        bell.clear()
+        hint.ring()
