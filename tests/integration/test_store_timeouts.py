@@ -107,3 +107,40 @@ async def test_a_migration_waits_past_the_statement_timeout(database_url: str) -
             await aio(other.execute, "SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK)
             nursery.cancel_scope.deadline = trio.current_time() + 30
         assert not nursery.cancel_scope.cancelled_caught
+
+
+MAINTENANCE = {
+    "reconcile": ("deliveries", lambda s: s.reconcile(stuck_after_seconds=600, limit=10)),
+    "retention": ("events", lambda s: s.delete_expired(retention_days=30, limit=10)),
+    "outbox hygiene": ("outbox", lambda s: s.clean_outbox(limit=10, refused_after=5)),
+}
+
+
+@pytest.mark.parametrize("name", list(MAINTENANCE))
+async def test_a_maintenance_statement_waits_past_the_statement_timeout(
+    database_url: str, name: str
+) -> None:
+    table, call = MAINTENANCE[name]
+
+    async def maintenance_waiting() -> bool:
+        waiting = await scalar(
+            database_url,
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE c.relname = $1 AND NOT l.granted",
+            table,
+        )
+        return bool(waiting)
+
+    async with bounded_store(database_url) as store, other_session(database_url) as other:
+        await aio(other.execute, "BEGIN")
+        await aio(other.execute, f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, store)
+            with trio.fail_after(10):
+                await poll(maintenance_waiting)
+            # The lock is held for longer than a request's statement may run: a maintenance
+            # statement has its own, longer bound and goes on waiting.
+            await trio.sleep(2 * STATEMENT_TIMEOUT_SECONDS)
+            await aio(other.execute, "ROLLBACK")
+            nursery.cancel_scope.deadline = trio.current_time() + 30
+        assert not nursery.cancel_scope.cancelled_caught

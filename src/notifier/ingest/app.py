@@ -336,7 +336,7 @@ def create_app(
     async def on_store_unavailable(exc: StoreUnavailable) -> Response:
         log.warning("answering 503: %s", exc)
         return _error(
-            503, "unavailable", "the database is unavailable; nothing was stored, try again",
+            503, "unavailable", "the database is unavailable or did not answer in time; try again",
             {"Retry-After": str(RETRY_AFTER_SECONDS)},
         )  # fmt: skip
 

@@ -57,7 +57,8 @@ EXAMPLE_EVENT = {"type": "order.created", "payload": {"order_id": 42}}
 
 _REF = "#/components/schemas/{name}"
 _ERRORS = {
-    400: ("BadRequest", "The body is not valid JSON (`invalid_json`)."),
+    400: ("BadRequest", "The body is not valid JSON (`invalid_json`), or the request carries "
+          "more than one `Authorization` header (`invalid_authorization`)."),
     401: ("Unauthorized", "Missing or unknown API key (`unauthorized`)."),
     404: ("NotFound", "No such id for this API key (`not_found`); other tenants' ids too."),
     405: ("MethodNotAllowed", "Wrong method for the path (`method_not_allowed`); `Allow` lists "
@@ -73,8 +74,10 @@ _ERRORS = {
           "`invalid_parameter`, `invalid_cursor`); the message names the field."),
     429: ("RateLimited", "Over the API key's event rate (`rate_limited`); nothing was written. "
           "`Retry-After` says when to try again."),
-    503: ("Unavailable", "Postgres is unreachable (`unavailable`); nothing was stored. "
-          "`Retry-After` says when to try again."),
+    503: ("Unavailable", "Postgres is unreachable or did not answer in time (`unavailable`). "
+          "`Retry-After` says when to try again; send a write again with the same idempotency "
+          "key (a stall after the commit may have stored it, and the key gives the first "
+          "answer)."),
 }  # fmt: skip
 
 
@@ -227,7 +230,7 @@ def build_openapi(
             ),
             "get": _op(
                 "listChannels", "channels", "List channels, oldest first",
-                {"200": _answer("A page of channels.", ChannelPage), **_errors(401, 422, 503)},
+                {"200": _answer("A page of channels.", ChannelPage), **_errors(400, 401, 422, 503)},
                 parameters=[
                     _query("type", {"type": "string"}, "Only channels of this type."),
                     _query("recipient", {"type": "string"}, "Only channels of this recipient."),
@@ -239,7 +242,7 @@ def build_openapi(
             "parameters": [_uuid_path("channel_id", "channel")],
             "get": _op(
                 "getChannel", "channels", "Read a channel (never its secrets)",
-                {"200": _answer("The channel.", ChannelView), **_errors(401, 404, 503)},
+                {"200": _answer("The channel.", ChannelView), **_errors(400, 401, 404, 503)},
             ),
             "patch": _op(
                 "patchChannel", "channels", "Change any subset of a channel's fields",
@@ -253,7 +256,7 @@ def build_openapi(
             ),
             "delete": _op(
                 "deleteChannel", "channels", "Delete a channel (its deliveries are kept)",
-                {"204": {"description": "Deleted."}, **_errors(401, 404, 503)},
+                {"204": {"description": "Deleted."}, **_errors(400, 401, 404, 503)},
             ),
         },
         "/v1/events": {
@@ -281,14 +284,14 @@ def build_openapi(
             "parameters": [_uuid_path("event_id", "event")],
             "get": _op(
                 "getEvent", "events", "Read an event with its payload and deliveries",
-                {"200": _answer("The event.", EventDetail), **_errors(401, 404, 503)},
+                {"200": _answer("The event.", EventDetail), **_errors(400, 401, 404, 503)},
             ),
         },
         "/v1/deliveries": {
             "get": _op(
                 "listDeliveries", "deliveries", "List deliveries, newest first",
                 {"200": _answer("A page of deliveries.", DeliveryPage),
-                 **_errors(401, 422, 503)},
+                 **_errors(400, 401, 422, 503)},
                 parameters=[
                     _query("status", {"type": "string", "enum": list(DELIVERY_STATUSES)},
                            "Only deliveries in this status."),
@@ -302,7 +305,7 @@ def build_openapi(
             "parameters": [_uuid_path("delivery_id", "delivery")],
             "get": _op(
                 "getDelivery", "deliveries", "Read a delivery with its attempts",
-                {"200": _answer("The delivery.", DeliveryDetail), **_errors(401, 404, 503)},
+                {"200": _answer("The delivery.", DeliveryDetail), **_errors(400, 401, 404, 503)},
             ),
         },
         "/v1/deliveries/{delivery_id}/retry": {

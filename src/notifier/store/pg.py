@@ -57,6 +57,9 @@ DOORBELL_CHANNEL = "notifier_outbox"
 _MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
 # Schema changes may rewrite big tables or wait for another migrate: not bounded like requests.
 _MIGRATE_TIMEOUT_SECONDS = 3600.0
+# The maintenance statements (reconcile, retention, outbox hygiene) wait on nobody's request, and
+# on a big database one batch may well take longer than a request may: their own, longer bound.
+MAINTENANCE_STATEMENT_TIMEOUT_SECONDS = 60.0
 # The client's own bound on a statement comes this long after the server's, so that a server
 # that can answer cancels the statement itself (and the connection is kept).
 _CLIENT_GRACE_SECONDS = 0.5
@@ -219,6 +222,21 @@ class _Connection(asyncpg.Connection):
 
     async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
         return await self._closing_on_timeout(super().fetchmany(*args, **kwargs))
+
+
+class _LongStatements:
+    """Asyncio-flavoured. A connection whose ``fetch`` and ``fetchval`` wait ``timeout_seconds``
+    on the client, not the pool's statement timeout."""
+
+    def __init__(self, conn: Conn, timeout_seconds: float) -> None:
+        self._conn = conn
+        self._timeout = timeout_seconds
+
+    async def fetch(self, query: str, *args: object) -> list[Row]:
+        return cast(list[Row], await self._conn.fetch(query, *args, timeout=self._timeout))
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        return await self._conn.fetchval(query, *args, timeout=self._timeout)
 
 
 class _Pool:
@@ -689,23 +707,34 @@ class Store:
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
         """Enqueue stuck unfinished deliveries again (see ``reconcile`` in queries_ops.sql);
         return their ids."""
-        rows = await self._pool.fetch(Q["reconcile"], float(stuck_after_seconds), limit)
+        async with self._maintenance() as conn:
+            rows = await conn.fetch(Q["reconcile"], float(stuck_after_seconds), limit)
         return [r["id"] for r in rows]
 
     @_transaction
     async def delete_expired(self, *, retention_days: int, limit: int) -> int:
         """Delete up to ``limit`` finished events older than ``retention_days``; return how
         many."""
-        return len(await self._pool.fetch(Q["retention"], retention_days, limit))
+        async with self._maintenance() as conn:
+            return len(await conn.fetch(Q["retention"], retention_days, limit))
 
     @_transaction
     async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]:
         """Delete outbox rows of finished or deleted deliveries; return how many, and how many
         rows the broker has refused at least ``refused_after`` times."""
-        async with self._pool.acquire() as conn:
+        async with self._maintenance() as conn:
             deleted = len(await conn.fetch(Q["outbox_hygiene"], limit))
             refused: int = await conn.fetchval(Q["outbox_refused_count"], refused_after)
         return deleted, refused
+
+    @asynccontextmanager
+    async def _maintenance(self) -> AsyncIterator[Conn]:
+        """Asyncio-flavoured. A connection in a transaction of its own whose statements may run
+        ``MAINTENANCE_STATEMENT_TIMEOUT_SECONDS`` (on the server and on the client)."""
+        seconds = MAINTENANCE_STATEMENT_TIMEOUT_SECONDS
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL statement_timeout = {math.ceil(seconds * 1000)}")
+            yield _LongStatements(conn, seconds + _CLIENT_GRACE_SECONDS)
 
     @asynccontextmanager
     async def open_doorbell(self) -> AsyncIterator[Doorbell]:
