@@ -8,6 +8,11 @@ crashed process and no secret in a log.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
+import pytest
+
 # The real services, one database (from a migrated template) and one vhost per test.
 from tests.integration.conftest import (  # noqa: F401
     broker_url,
@@ -16,3 +21,18 @@ from tests.integration.conftest import (  # noqa: F401
     pg_template,
     vhost,
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_error_line(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Whatever a test of this suite sends, nothing in the process logs at ERROR or above: an
+    unhandled request (a 500), a crashed component or a handler panic would."""
+    caplog.set_level(logging.WARNING)
+    yield
+    errors = [
+        f"{r.name}: {r.getMessage()}"
+        for when in ("setup", "call", "teardown")
+        for r in caplog.get_records(when)
+        if r.levelno >= logging.ERROR
+    ]
+    assert errors == [], errors
