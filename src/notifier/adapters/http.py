@@ -1,15 +1,24 @@
-"""The httpx clients of the HTTP adapters (webhook, telegram).
+"""The httpx clients of the HTTP adapters (webhook, telegram) and the transport they share.
 
 One client per concurrent delivery: a single shared httpx client degrades sharply with
 concurrency under trio (DESIGN §11). A delivery borrows an idle client or makes one and gives
 it back afterwards, so the pool grows to the peak concurrency and its connections are reused.
+
+``BoundedTransport`` is httpx over an httpcore pool whose response bodies end at a size limit.
+An adapter only keeps an excerpt of an answer, and a receiver that streams without end must not
+hold a delivery: past the limit the connection's reads are cut, so httpcore closes the
+connection and every async generator on the way finishes, rather than an adapter breaking out
+of a body half-way and leaving them abandoned (which trio reports as a ``ResourceWarning``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import httpcore
 import httpx
 
 
@@ -51,3 +60,214 @@ class ClientPool:
             await client.aclose()
         self._all.clear()
         self._idle.clear()
+
+
+# -- the bounded body reader --------------------------------------------------------------------
+
+
+class CuttableStream(httpcore.AsyncNetworkStream):
+    """A network stream whose reads can be made to fail (``cut``) without closing it, so that
+    httpcore ends a response it is reading and closes the connection itself."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+        self.cut = False
+
+    async def read(
+        self,
+        max_bytes: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> bytes:
+        if self.cut:
+            raise httpcore.ReadError("response body limit reached")
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(
+        self,
+        buffer: bytes,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> None:
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> httpcore.AsyncNetworkStream:
+        return CuttableStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class CuttableBackend(httpcore.AsyncNetworkBackend):
+    """A network backend whose connections are ``CuttableStream``s of ``inner``'s (the system's
+    by default)."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None) -> None:
+        self._inner = inner if inner is not None else httpcore.TrioBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address,
+            socket_options=socket_options,
+        )  # fmt: skip
+        return CuttableStream(stream)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        return CuttableStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+# httpcore's errors as httpx's, most specific first (what httpx's own transport does).
+_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+)
+
+
+@contextmanager
+def as_httpx_errors() -> Iterator[None]:
+    """httpcore's exceptions raised as the httpx ones callers of an httpx client expect."""
+    try:
+        yield
+    except Exception as exc:
+        for theirs, ours in _ERRORS:
+            if isinstance(exc, theirs):
+                raise ours(str(exc)) from exc
+        raise
+
+
+class BoundedBody(httpx.AsyncByteStream):
+    """A response body that ends after ``max_bytes`` (or a little more: whole chunks).
+
+    Past the limit the connection's reads are cut: httpcore then either ends the body from
+    what it has buffered or fails its next read and closes the connection, so every async
+    generator on the way (httpcore's and httpx's) finishes rather than being abandoned half-way
+    (which trio reports as a ``ResourceWarning``), and the pool is left consistent."""
+
+    def __init__(
+        self, stream: AsyncIterable[bytes], network_stream: object, max_bytes: int | None
+    ) -> None:
+        self._stream = stream
+        self._network_stream = network_stream
+        self._max_bytes = max_bytes
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        parts = aiter(self._stream)
+        seen = 0
+        cutter = self._network_stream if isinstance(self._network_stream, CuttableStream) else None
+        cut = False
+        while True:
+            try:
+                with as_httpx_errors():
+                    part = await anext(parts)
+            except StopAsyncIteration:
+                if cutter is not None:
+                    cutter.cut = False  # the body was complete: the connection stays usable
+                return
+            except httpx.ReadError:
+                if cut:
+                    return  # the read we cut: httpcore has closed the connection
+                raise
+            if cut:
+                continue  # what httpcore had buffered before the cut
+            seen += len(part)
+            yield part
+            if cutter is not None and self._max_bytes is not None and seen >= self._max_bytes:
+                cut = cutter.cut = True
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class BoundedTransport(httpx.AsyncBaseTransport):
+    """httpx over an httpcore pool whose connections are cuttable (``network_backend`` is
+    wrapped in a ``CuttableBackend`` unless it is one; the system's by default) and whose
+    response bodies end at ``max_body_bytes``: the rest is never read."""
+
+    def __init__(
+        self,
+        *,
+        network_backend: httpcore.AsyncNetworkBackend | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = 4,
+        max_body_bytes: int | None = None,
+    ) -> None:
+        self._max_body_bytes = max_body_bytes
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=5.0,
+            network_backend=(
+                network_backend
+                if isinstance(network_backend, CuttableBackend)
+                else CuttableBackend(network_backend)
+            ),
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.send(request, dict(request.extensions))
+
+    async def send(self, request: httpx.Request, extensions: dict[str, Any]) -> httpx.Response:
+        """``request`` through the pool, with ``extensions`` in place of its own."""
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        core = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=extensions,
+        )
+        with as_httpx_errors():
+            resp = await self._pool.handle_async_request(core)
+        assert isinstance(resp.stream, AsyncIterable)
+        return httpx.Response(
+            status_code=resp.status,
+            headers=resp.headers,
+            stream=BoundedBody(
+                resp.stream, resp.extensions.get("network_stream"), self._max_body_bytes
+            ),
+            extensions=resp.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()

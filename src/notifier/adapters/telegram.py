@@ -34,7 +34,7 @@ import msgspec
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
-from notifier.adapters.http import ClientPool, new_client
+from notifier.adapters.http import BoundedTransport, ClientPool, new_client
 from notifier.adapters.ratelimit import RateLimits
 from notifier.adapters.templates import compile_template, render
 from notifier.config import TelegramWorkersConfig
@@ -308,7 +308,7 @@ class TelegramAdapter:
         self.limits: RateLimits[int | str] = RateLimits(
             per_key_per_second=per_chat_per_second, total_per_second=per_bot_per_second
         )
-        self._clients = ClientPool(lambda: new_client(self._timeout, self._transport))
+        self._clients = ClientPool(self._new_client)
 
     @classmethod
     def from_config(
@@ -376,10 +376,8 @@ class TelegramAdapter:
             with self._clients.borrow() as client:
                 async with client.stream("POST", url, content=body, headers=headers) as resp:
                     status_code, retry_after = resp.status_code, resp.headers.get("retry-after")
-                    async for chunk in resp.aiter_bytes():
+                    async for chunk in resp.aiter_bytes():  # the transport stops at the limit
                         data += chunk
-                        if len(data) >= READ_LIMIT_BYTES:
-                            break
         except Exception as exc:
             # Raised below, outside this block, so nothing chains back to ``exc`` (whose text
             # and request hold the URL with the token).
@@ -390,6 +388,13 @@ class TelegramAdapter:
             status_code, data[:READ_LIMIT_BYTES], retry_after_header=retry_after,
             secret=self._token,
         )  # fmt: skip
+
+    def _new_client(self) -> httpx.AsyncClient:
+        """A client whose answers end at ``READ_LIMIT_BYTES`` (the rest is never read)."""
+        transport = self._transport
+        if transport is None:
+            transport = BoundedTransport(max_body_bytes=READ_LIMIT_BYTES)
+        return new_client(self._timeout, transport)
 
     async def aclose(self) -> None:
         await self._clients.aclose()

@@ -1,0 +1,49 @@
+"""The webhook channel: POST a signed Standard Webhooks envelope to the channel's URL.
+
+- ``signing``: secrets, signatures, the envelope of an attempt, secret rotation;
+- ``headers``: the rule for a channel's custom headers, and keeping their values and the
+  secrets out of errors;
+- ``ssrf``: the table of blocked addresses, the URL checks that need no network, resolution;
+- ``transport``: the pinned transport, which dials only the checked addresses;
+- ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
+- ``adapter``: ``WebhookAdapter``, which puts them together.
+"""
+
+from notifier.adapters.webhook.adapter import WebhookAdapter, WebhookConfig
+from notifier.adapters.webhook.answers import (
+    WebhookAdapterCrash,
+    classify,
+    parse_retry_after,
+    transport_error,
+)
+from notifier.adapters.webhook.headers import header_field, header_problem, request_secrets
+from notifier.adapters.webhook.signing import (
+    PREVIOUS_SECRET,
+    build_request,
+    generate_secret,
+    rotate_secret,
+    sign,
+    signing_secrets,
+)
+from notifier.adapters.webhook.ssrf import check_address, literal_address, validate_url
+
+__all__ = [
+    "PREVIOUS_SECRET",
+    "WebhookAdapter",
+    "WebhookAdapterCrash",
+    "WebhookConfig",
+    "build_request",
+    "check_address",
+    "classify",
+    "generate_secret",
+    "header_field",
+    "header_problem",
+    "literal_address",
+    "parse_retry_after",
+    "request_secrets",
+    "rotate_secret",
+    "sign",
+    "signing_secrets",
+    "transport_error",
+    "validate_url",
+]
