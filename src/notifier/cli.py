@@ -15,7 +15,7 @@ import trio
 from notifier import service
 from notifier.config import Config, load_config
 from notifier.errors import ConfigError, NotifierError, StoreError
-from notifier.ingest.app import hash_api_key
+from notifier.ingest.tenants import hash_api_key
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
 from notifier.store import open_store

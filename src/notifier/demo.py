@@ -21,7 +21,7 @@ import trio
 from notifier import service
 from notifier.bridge import aio, open_bridge
 from notifier.config import Config, load_config
-from notifier.ingest.app import hash_api_key
+from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.store import open_store

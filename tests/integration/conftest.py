@@ -21,7 +21,7 @@ import trio
 
 from notifier import service
 from notifier.config import Config, parse_config
-from notifier.ingest.app import hash_api_key
+from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
 from notifier.store.pg import SCHEMA_PATH
 from notifier.testing import Received

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import trio
 
-from notifier.ingest.app import hash_api_key
+from notifier.ingest.tenants import hash_api_key
 from notifier.store.rows import Channel
 from notifier.testing import fanout_targets
 from tests.integration.conftest import (

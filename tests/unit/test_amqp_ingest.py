@@ -19,7 +19,7 @@ from notifier.broker.topology import ingest_topology
 from notifier.config import Config, parse_config
 from notifier.errors import ConfigError, StoreError, StoreUnavailable, UnstorableText
 from notifier.ingest import jsonguard
-from notifier.ingest.amqp_ingest import AmqpIngest, Outcome, TenantCache
+from notifier.ingest.amqp_ingest import AmqpIngest, Outcome
 from notifier.ingest.amqp_messages import (
     ERROR_CODE_HEADER,
     ERROR_HEADER,
@@ -28,6 +28,7 @@ from notifier.ingest.amqp_messages import (
     dead_letter_copy,
     parse_message,
 )
+from notifier.ingest.tenants import TenantCache
 from notifier.lifecycle import Stop
 from notifier.metrics import Metrics
 from notifier.store.pg import IdempotencyConflict, UnknownChannels

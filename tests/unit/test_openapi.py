@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from notifier.config import parse_config
-from notifier.ingest.app import DEFAULT_PAGE, MAX_PAGE, create_app
+from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
+from notifier.ingest.app import create_app
 from notifier.ingest.models import EVENT_TYPE_RE, EventIn, ReplayIn
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.views import ChannelView, DeliveryDetail

@@ -5,7 +5,7 @@ A batch is whatever the consumer holds — up to ``prefetch`` messages, gathered
 (DESIGN §11). Per batch, in this order:
 
 1. each message is decoded and validated (``amqp_messages.parse_message``) and its ``app_id``
-   resolved to a tenant (names → ids cached for ``TENANT_CACHE_SECONDS``);
+   resolved to a tenant (names → ids cached by ``tenants.TenantCache``);
 2. the valid events, of any tenants, are stored in ONE transaction (``Store.ingest_each``); an
    event refused on its own (idempotency conflict, unknown channel ids) does not sink the
    others, and a batch that fails as a whole for another reason (a text Postgres cannot hold)
@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import trio
@@ -42,6 +42,7 @@ from notifier.ingest.amqp_messages import (
     parse_message,
 )
 from notifier.ingest.events import max_attempts_by_type
+from notifier.ingest.tenants import TenantCache
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
@@ -49,7 +50,6 @@ from notifier.store.rows import IngestResult, NewEvent
 
 log = logging.getLogger("notifier.ingest.amqp")
 
-TENANT_CACHE_SECONDS = 30.0  # like API keys
 # A batch in hand (its transaction, dead-letter publishes and settlements) is finished even
 # during shutdown, bounded by this; what is not settled by then goes back to the queue.
 BATCH_TIMEOUT_SECONDS = 20.0
@@ -75,37 +75,6 @@ class AmqpIngestStatistics:
     dead_lettered: int = 0  # published to the dead-letter queue (confirmed), then acked
     requeued: int = 0  # handed back to the queue
     store_failures: int = 0  # batches (or single events) that failed for Postgres
-
-
-class TenantCache:
-    """Tenant name → id, from ``lookup`` (one call for all the names missing), kept ``ttl``
-    seconds. Names that do not exist are not cached: they may be created any time."""
-
-    def __init__(
-        self,
-        lookup: Callable[[Sequence[str]], Awaitable[dict[str, uuid.UUID]]],
-        ttl_seconds: float = TENANT_CACHE_SECONDS,
-    ) -> None:
-        self._lookup = lookup
-        self._ttl = ttl_seconds
-        self._known: dict[str, tuple[uuid.UUID, float]] = {}
-
-    async def resolve(self, names: Iterable[str]) -> dict[str, uuid.UUID]:
-        now = trio.current_time()
-        found: dict[str, uuid.UUID] = {}
-        missing: list[str] = []
-        for name in set(names):
-            cached = self._known.get(name)
-            if cached and cached[1] > now:
-                found[name] = cached[0]
-            else:
-                missing.append(name)
-        if missing:
-            looked_up = await self._lookup(sorted(missing))
-            for name, tenant_id in looked_up.items():
-                self._known[name] = (tenant_id, now + self._ttl)
-            found.update(looked_up)
-        return found
 
 
 class _Batch:

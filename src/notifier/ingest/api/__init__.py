@@ -1,0 +1,6 @@
+"""The HTTP API's route groups, one module per resource (DESIGN §6), and what they share: the
+app context (``context``), the request and answer helpers (``http``), the app-wide error
+answers (``errors``), authentication (``auth``) and pagination (``pagination``).
+
+``notifier.ingest.app.create_app`` mounts them.
+"""

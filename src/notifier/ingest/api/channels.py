@@ -1,0 +1,173 @@
+"""``/v1/channels``: create, list, read, change and delete a tenant's channels. A channel's
+config is validated by its type's adapter; its secret fields are shown only in the answer to
+its creation, and kept across a PATCH that does not replace them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+from quart import Blueprint, Response, request
+
+from notifier.adapters.base import (
+    Adapter,
+    ChecksDestination,
+    InvalidChannelConfig,
+    UpdatesConfig,
+    public_config,
+)
+from notifier.ingest.api.auth import current_tenant
+from notifier.ingest.api.context import api_context
+from notifier.ingest.api.http import ApiError, json_response, read_body
+from notifier.ingest.api.pagination import cursor_arg, limit_arg, split_page
+from notifier.ingest.models import ChannelIn, ChannelPatch
+from notifier.ingest.views import ChannelHealth, ChannelPage, ChannelView
+from notifier.store.pg import ConfigChanged
+from notifier.store.rows import Channel, ChannelChanges
+
+# Reads of a channel a PATCH of its config makes the new config from, at most: each further one
+# follows a concurrent change of the config between the read and the write.
+PATCH_CONFIG_TRIES = 5
+
+routes = Blueprint("channels", __name__)
+
+
+def channel_view(channel: Channel, adapter: Adapter | None, *, reveal: bool = False) -> ChannelView:
+    return ChannelView(
+        id=channel.id,
+        type=channel.type,
+        name=channel.name,
+        config=channel.config if reveal else public_config(adapter, channel.config),
+        recipient=channel.recipient,
+        event_types=channel.event_types,
+        enabled=channel.enabled,
+        disabled_reason=channel.disabled_reason,
+        disabled_at=channel.disabled_at,
+        health=ChannelHealth(
+            consecutive_failures=channel.consecutive_failures,
+            failing_since=channel.failing_since,
+            last_success_at=channel.last_success_at,
+        ),
+        max_attempts=channel.max_attempts,
+        created_at=channel.created_at,
+        updated_at=channel.updated_at,
+    )
+
+
+def stored_view(channel: Channel) -> ChannelView:
+    """``channel`` as every answer but its creation's shows it: secrets hidden by its adapter."""
+    return channel_view(channel, api_context().adapters.get(channel.type))
+
+
+def adapter_for(channel_type: str) -> Adapter:
+    """The adapter of ``channel_type``; 422 if the type is not enabled."""
+    adapters = api_context().adapters
+    adapter = adapters.get(channel_type)
+    if adapter is None:
+        enabled = ", ".join(sorted(adapters)) or "none"
+        raise ApiError(
+            422, "validation_error",
+            f"type: channel type {channel_type!r} is not enabled (enabled: {enabled})",
+        )  # fmt: skip
+    return adapter
+
+
+async def prepare(
+    adapter: Adapter, cfg: dict[str, Any], stored: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Validate a channel config; ``stored`` is the current one on PATCH (secret rotation)."""
+    try:
+        if stored is not None and isinstance(adapter, UpdatesConfig):
+            prepared = adapter.prepare_config_update(cfg, stored)
+        else:
+            prepared = adapter.prepare_config(cfg)
+        if isinstance(adapter, ChecksDestination):
+            await adapter.check_destination(prepared)
+        return prepared
+    except InvalidChannelConfig as exc:
+        raise ApiError(422, "validation_error", str(exc)) from exc
+
+
+async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, Any]:
+    """The config a PATCH gives ``channel``: validated against its type, its stored
+    secrets kept unless replaced."""
+    adapter = adapter_for(channel.type)
+    new_config = dict(config)
+    for key in adapter.secret_fields:  # secrets are kept unless replaced
+        if key not in new_config and key in channel.config:
+            new_config[key] = channel.config[key]
+    return await prepare(adapter, new_config, channel.config)
+
+
+@routes.post("/v1/channels")
+async def create_channel() -> Response:
+    tenant_id = await current_tenant()
+    data = await read_body(ChannelIn)
+    adapter = adapter_for(data.type)
+    channel = await api_context().store.create_channel(
+        tenant_id, type=data.type, name=data.name, config=await prepare(adapter, data.config),
+        recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
+        max_attempts=data.max_attempts,
+    )  # fmt: skip
+    return json_response(channel_view(channel, adapter, reveal=True), 201)
+
+
+@routes.get("/v1/channels")
+async def list_channels() -> Response:
+    tenant_id = await current_tenant()
+    limit = limit_arg()
+    rows = await api_context().store.list_channels(
+        tenant_id, type=request.args.get("type"), recipient=request.args.get("recipient"),
+        after=cursor_arg(), limit=limit + 1,
+    )  # fmt: skip
+    page, next_cursor = split_page(rows, limit, lambda c: (c.created_at, c.id))
+    return json_response(ChannelPage(items=[stored_view(c) for c in page], next_cursor=next_cursor))
+
+
+@routes.get("/v1/channels/<uuid:channel_id>")
+async def get_channel(channel_id: uuid.UUID) -> Response:
+    channel = await api_context().store.get_channel(await current_tenant(), channel_id)
+    if channel is None:
+        raise ApiError(404, "not_found", "channel not found")
+    return json_response(stored_view(channel))
+
+
+@routes.patch("/v1/channels/<uuid:channel_id>")
+async def patch_channel(channel_id: uuid.UUID) -> Response:
+    """Change only the fields the body names: a concurrent change of the others (another
+    PATCH, the worker disabling the channel) stays. A new config is made from the stored
+    one (its secrets carried over, a rotation started); if the stored one changes before
+    the write, it is made again from the new one."""
+    tenant_id = await current_tenant()
+    patch = await read_body(ChannelPatch)
+    named = {k: v for k, v in msgspec.structs.asdict(patch).items() if v is not msgspec.UNSET}
+    store = api_context().store
+    for _ in range(PATCH_CONFIG_TRIES):
+        channel = await store.get_channel(tenant_id, channel_id)
+        if channel is None:
+            raise ApiError(404, "not_found", "channel not found")
+        changes = dict(named)
+        if "config" in changes:
+            changes["config"] = await patched_config(channel, changes["config"])
+        try:
+            updated = await store.update_channel(
+                tenant_id, channel_id, ChannelChanges(**changes),
+                config_read=channel.config if "config" in changes else None,
+            )  # fmt: skip
+        except ConfigChanged:
+            continue
+        if updated is None:
+            raise ApiError(404, "not_found", "channel not found")
+        return json_response(stored_view(updated))
+    raise ApiError(
+        409, "conflict", "the channel's config kept changing while this PATCH was made; "
+        "send it again",
+    )  # fmt: skip
+
+
+@routes.delete("/v1/channels/<uuid:channel_id>")
+async def delete_channel(channel_id: uuid.UUID) -> Response:
+    if not await api_context().store.delete_channel(await current_tenant(), channel_id):
+        raise ApiError(404, "not_found", "channel not found")
+    return Response(b"", status=204)

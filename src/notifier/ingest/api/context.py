@@ -1,0 +1,71 @@
+"""What the route groups share, held by the app rather than by a closure: the store, the config,
+the channel adapters, the tenant cache, the rate limiter, metrics and the prebuilt OpenAPI
+document. ``create_app`` builds one ``ApiContext`` per app; a handler reads it with
+``api_context()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import cast
+
+from prometheus_client import Counter
+from quart import Quart, current_app
+
+from notifier.adapters.base import Adapter
+from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
+from notifier.config import Config
+from notifier.ingest.tenants import TenantCache
+from notifier.metrics import Metrics, ScrapeReader
+from notifier.store.pg import Store
+
+_EXTENSION = "notifier.api"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiContext:
+    store: Store
+    config: Config
+    adapters: Mapping[str, Adapter]
+    max_attempts: Mapping[str, int]  # per event type, for ingest
+    tenants: TenantCache  # API key hash → tenant id
+    rate_limiter: KeyedLimiter[uuid.UUID] | None  # per tenant; None: no limit
+    metrics: Metrics
+    ingested: Counter  # events stored from the HTTP API
+    scrape: ScrapeReader
+    check_broker: Callable[[], Awaitable[None]] | None
+    openapi: bytes  # the document served at /openapi.json
+
+
+def tenants_by_key_hash(store: Store) -> TenantCache:
+    """The cache of tenant ids by API key hash, looked up in ``store``."""
+
+    async def lookup(digests: Sequence[str]) -> dict[str, uuid.UUID]:
+        found: dict[str, uuid.UUID] = {}
+        for digest in digests:
+            tenant_id = await store.tenant_by_key_hash(digest)
+            if tenant_id is not None:
+                found[digest] = tenant_id
+        return found
+
+    return TenantCache(lookup)
+
+
+def rate_limiter(config: Config) -> KeyedLimiter[uuid.UUID] | None:
+    """The per-tenant limiter of ingested events, if ``[ingest]`` sets one."""
+    limits = config.ingest
+    if limits.rate_limit_per_second <= 0:
+        return None
+    return KeyedLimiter(
+        lambda: RefillingBucket(limits.rate_limit_burst, limits.rate_limit_per_second)
+    )
+
+
+def install(app: Quart, context: ApiContext) -> None:
+    app.extensions[_EXTENSION] = context
+
+
+def api_context() -> ApiContext:
+    """The context of the app answering the current request."""
+    return cast(ApiContext, current_app.extensions[_EXTENSION])

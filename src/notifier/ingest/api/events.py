@@ -1,0 +1,110 @@
+"""``/v1/events``: ingest one event or a batch (idempotent, rate limited per tenant) and read
+one back with its deliveries."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import msgspec
+import trio
+from quart import Blueprint, Response, request
+
+from notifier.ingest.api.auth import current_tenant
+from notifier.ingest.api.context import api_context
+from notifier.ingest.api.http import ApiError, json_response, read_body
+from notifier.ingest.events import new_event
+from notifier.ingest.models import BatchIn, EventIn
+from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
+from notifier.store.pg import IdempotencyConflict, UnknownChannels
+from notifier.store.rows import Event, IngestResult, NewEvent
+
+routes = Blueprint("events", __name__)
+
+
+def event_view(event: Event, *, with_payload: bool = False) -> EventView:
+    """The event; with its payload and idempotency key (``EventDetail``) when asked."""
+    view = EventView(
+        id=event.id, type=event.type, recipient=event.recipient, created_at=event.created_at,
+        deliveries=[
+            DeliveryRef(id=d.id, channel_id=d.channel_id, channel_type=d.channel_type,
+                        status=d.status)
+            for d in event.deliveries
+        ],
+    )  # fmt: skip
+    if not with_payload:
+        return view
+    return EventDetail(
+        **msgspec.structs.asdict(view), payload=event.payload,
+        idempotency_key=event.idempotency_key,
+    )  # fmt: skip
+
+
+def admit(tenant_id: uuid.UUID, count: int) -> None:
+    """Spend ``count`` events of the key's rate limit, or answer 429 writing nothing."""
+    ctx = api_context()
+    if ctx.rate_limiter is None:
+        return
+    limits = ctx.config.ingest
+    now = trio.current_time()
+    count = min(count, limits.rate_limit_burst)
+    wait = ctx.rate_limiter.wait(tenant_id, now, count)
+    if wait > 0:
+        raise ApiError(
+            429, "rate_limited",
+            f"over {limits.rate_limit_per_second:g} events per second for this API key; "
+            f"retry in {math.ceil(wait)} s", {"Retry-After": str(math.ceil(wait))},
+        )  # fmt: skip
+    ctx.rate_limiter.take(tenant_id, now, count)
+
+
+async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[IngestResult]:
+    admit(tenant_id, len(events))
+    ctx = api_context()
+    try:
+        results = await ctx.store.ingest(tenant_id, events, ctx.max_attempts)
+    except IdempotencyConflict as exc:
+        raise ApiError(409, "idempotency_conflict", str(exc)) from exc
+    except UnknownChannels as exc:
+        raise ApiError(422, "validation_error", f"channel_ids: {exc}") from exc
+    ctx.ingested.inc(sum(1 for r in results if r.created))
+    return results
+
+
+@routes.post("/v1/events")
+async def post_event() -> Response:
+    tenant_id = await current_tenant()
+    data = await read_body(EventIn)
+    key = data.idempotency_key
+    header_key = request.headers.get("Idempotency-Key")
+    if header_key is not None:
+        if not 1 <= len(header_key) <= 255:
+            raise ApiError(422, "validation_error", "Idempotency-Key: 1 to 255 characters")
+        if key is not None and key != header_key:
+            raise ApiError(
+                422, "validation_error",
+                "idempotency_key: differs from the Idempotency-Key header",
+            )  # fmt: skip
+        key = header_key
+    (result,) = await ingest(tenant_id, [new_event(data, key)])
+    return json_response(event_view(result.event), 202 if result.created else 200)
+
+
+@routes.post("/v1/events/batch")
+async def post_batch() -> Response:
+    tenant_id = await current_tenant()
+    data = await read_body(BatchIn)
+    max_events = api_context().config.ingest.max_batch_events
+    if len(data.events) > max_events:
+        raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
+    results = await ingest(tenant_id, [new_event(e, e.idempotency_key) for e in data.events])
+    status = 202 if any(r.created for r in results) else 200
+    return json_response(EventBatch(events=[event_view(r.event) for r in results]), status)
+
+
+@routes.get("/v1/events/<uuid:event_id>")
+async def get_event(event_id: uuid.UUID) -> Response:
+    event = await api_context().store.get_event(await current_tenant(), event_id)
+    if event is None:
+        raise ApiError(404, "not_found", "event not found")
+    return json_response(event_view(event, with_payload=True))
