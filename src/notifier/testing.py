@@ -12,6 +12,8 @@
   ``PacedAdapter`` adds a ``RateLimiter`` that lets one message through per interval.
 - ``RecordingReporter``: the Sentry reporter's interface, keeping what it was given.
 
+The HTTP API's store in memory is ``notifier.testing_api.MemoryApiStore``.
+
 They implement the same interfaces the production classes do; nothing is monkeypatched.
 """
 

@@ -222,7 +222,7 @@ async def test_a_patch_never_re_enables_a_channel_the_worker_disabled_meanwhile(
                 )  # fmt: skip
 
                 async def worker_disables(gone: AttemptRecord) -> httpx.Response:
-                    assert await store.record_attempt(gone)
+                    assert await store.record_attempts([gone]) == [True]
                     return httpx.Response(200)
 
                 answers = await concurrently(

@@ -14,7 +14,7 @@ import trio
 from notifier.bridge import aio
 from notifier.errors import StoreUnavailable
 from notifier.store import Store, open_store
-from notifier.store.pg import _MIGRATE_LOCK
+from notifier.store.admin import MIGRATE_LOCK
 from tests.integration.conftest import poll, scalar
 
 pytestmark = pytest.mark.integration
@@ -97,14 +97,14 @@ async def test_a_migration_waits_past_the_statement_timeout(database_url: str) -
         return bool(waiting)
 
     async with bounded_store(database_url) as store, other_session(database_url) as other:
-        await aio(other.execute, "SELECT pg_advisory_lock($1)", _MIGRATE_LOCK)
+        await aio(other.execute, "SELECT pg_advisory_lock($1)", MIGRATE_LOCK)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.migrate)
             with trio.fail_after(10):
                 await poll(migrate_waiting)
             # The lock is held for longer than a statement may run: migrate goes on waiting.
             await trio.sleep(2 * STATEMENT_TIMEOUT_SECONDS)
-            await aio(other.execute, "SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK)
+            await aio(other.execute, "SELECT pg_advisory_unlock($1)", MIGRATE_LOCK)
             nursery.cancel_scope.deadline = trio.current_time() + 30
         assert not nursery.cancel_scope.cancelled_caught
 

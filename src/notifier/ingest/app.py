@@ -22,7 +22,7 @@ from notifier.ingest.events import max_attempts_by_type
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.tenants import hash_api_key
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
-from notifier.store.pg import Store
+from notifier.store.api import ApiStore
 
 __all__ = ["DEFAULT_PAGE", "MAX_PAGE", "create_app", "hash_api_key"]
 
@@ -30,7 +30,7 @@ ROUTE_GROUPS = (health, channels, events, deliveries, operations)
 
 
 def create_app(
-    store: Store,
+    store: ApiStore,
     config: Config,
     adapters: Mapping[str, Adapter],
     *,

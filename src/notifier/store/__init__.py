@@ -1,5 +1,7 @@
-"""Postgres access: the trio-flavoured ``Store`` and the row types it hands out."""
+"""Postgres access: the trio-flavoured ``Store`` (one class of queries per role, composed in
+``pg``), the errors it raises, and ``ApiStore``, what the HTTP API needs of it."""
 
+from notifier.store.api import ApiStore
 from notifier.store.pg import (
     ConfigChanged,
     Doorbell,
@@ -13,6 +15,7 @@ from notifier.store.pg import (
 )
 
 __all__ = [
+    "ApiStore",
     "ConfigChanged",
     "Doorbell",
     "IdempotencyConflict",

@@ -138,11 +138,6 @@ class OutboxRow(msgspec.Struct, frozen=True):
     created_at: datetime  # when the row was written (for the relay's lag)
 
 
-class Page(msgspec.Struct, frozen=True):
-    items: list[Any]
-    next_cursor: str | None
-
-
 class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """What ``/metrics`` reads from Postgres at scrape time, in one statement."""
 

@@ -18,14 +18,14 @@ from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.config import Config
 from notifier.ingest.tenants import TenantCache
 from notifier.metrics import Metrics, ScrapeReader
-from notifier.store.pg import Store
+from notifier.store.api import ApiStore
 
 _EXTENSION = "notifier.api"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ApiContext:
-    store: Store
+    store: ApiStore
     config: Config
     adapters: Mapping[str, Adapter]
     max_attempts: Mapping[str, int]  # per event type, for ingest
@@ -38,7 +38,7 @@ class ApiContext:
     openapi: bytes  # the document served at /openapi.json
 
 
-def tenants_by_key_hash(store: Store) -> TenantCache:
+def tenants_by_key_hash(store: ApiStore) -> TenantCache:
     """The cache of tenant ids by API key hash, looked up in ``store``."""
 
     async def lookup(digests: Sequence[str]) -> dict[str, uuid.UUID]:

@@ -1,0 +1,108 @@
+"""What the HTTP API needs of the store: ``ApiStore``, the interface ``ingest.app.create_app``
+is written against. ``Store`` implements it on Postgres, ``notifier.testing_api.MemoryApiStore``
+in memory (for the API's unit tests)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from notifier.store.rows import (
+    Channel,
+    ChannelChanges,
+    Delivery,
+    Event,
+    IngestResult,
+    MetricsSnapshot,
+    NewEvent,
+    ReplayPage,
+)
+
+
+class ApiStore(Protocol):
+    """Tenants by API key, channels, events, deliveries and their replay, health and metrics.
+    Every call but ``ping`` and ``metrics_snapshot`` names the tenant: one never sees another's
+    rows. The errors are those of ``notifier.store.errors`` and ``notifier.errors``."""
+
+    async def ping(self, timeout_seconds: float) -> None: ...
+
+    async def metrics_snapshot(self) -> MetricsSnapshot: ...
+
+    async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None: ...
+
+    async def create_channel(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str,
+        name: str,
+        config: dict[str, Any],
+        recipient: str | None,
+        event_types: list[str],
+        enabled: bool,
+        max_attempts: int | None,
+    ) -> Channel: ...
+
+    async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None: ...
+
+    async def list_channels(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str | None,
+        recipient: str | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Channel]: ...
+
+    async def update_channel(
+        self,
+        tenant_id: uuid.UUID,
+        channel_id: uuid.UUID,
+        changes: ChannelChanges,
+        *,
+        config_read: dict[str, Any] | None = None,
+    ) -> Channel | None: ...
+
+    async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool: ...
+
+    async def ingest(
+        self,
+        tenant_id: uuid.UUID,
+        events: Sequence[NewEvent],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult]: ...
+
+    async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None: ...
+
+    async def list_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str | None,
+        channel_id: uuid.UUID | None,
+        event_id: uuid.UUID | None,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Delivery]: ...
+
+    async def get_delivery(
+        self, tenant_id: uuid.UUID, delivery_id: uuid.UUID
+    ) -> Delivery | None: ...
+
+    async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None: ...
+
+    async def replay_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str,
+        channel_id: uuid.UUID | None,
+        event_type: str | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        after: tuple[datetime, uuid.UUID] | None = None,
+        limit: int,
+    ) -> ReplayPage: ...

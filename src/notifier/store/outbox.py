@@ -1,0 +1,158 @@
+"""The store's queries for the relay: claim due outbox rows (locked for one pass, deleted or
+pushed back when the broker has answered), and the doorbell that says new rows are there."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import trio
+
+from notifier.bridge import aio
+from notifier.errors import StoreUnavailable
+from notifier.store.base import UNAVAILABLE, Conn, Q, crossing
+from notifier.store.pool import Pool, Queries
+from notifier.store.rows import OutboxRow
+
+log = logging.getLogger("notifier.store")
+
+DOORBELL_CHANNEL = "notifier_outbox"
+
+
+class OutboxQueries(Queries):
+    """What the relay (``relay.relay.OutboxStore``) uses."""
+
+    @asynccontextmanager
+    async def claim_outbox(self, limit: int) -> AsyncIterator[OutboxClaim]:
+        """Trio-flavoured. Lock up to ``limit`` due outbox rows for the length of the block.
+
+        Rows stay locked (other relays skip them) until the block ends; the changes made through
+        the claim commit when it ends normally and roll back when it raises or is cancelled.
+        """
+        conn = await self._acquire()
+        claim = OutboxClaim(conn)
+        try:
+            await claim._begin(limit)
+            yield claim
+            await claim._commit()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await claim._close(self._pool)
+
+    @crossing
+    async def _acquire(self) -> Conn:
+        return await self._pool.acquire()
+
+    @crossing
+    async def outbox_depth(self) -> int:
+        depth: int = await self._pool.fetchval(Q["outbox_depth"])
+        return depth
+
+    @asynccontextmanager
+    async def open_doorbell(self) -> AsyncIterator[Doorbell]:
+        """Trio-flavoured. LISTEN on the outbox channel on a connection of its own; the bell
+        says when that connection is lost (the relay then listens again with a new one)."""
+        bell = Doorbell()
+        token = trio.lowlevel.current_trio_token()
+
+        def on_notify(*_: object) -> None:  # asyncio-flavoured callback
+            token.run_sync_soon(bell.ring)
+
+        try:
+            conn: asyncpg.Connection = await aio(asyncpg.connect, self._dsn, timeout=10)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        try:
+            try:
+                await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)
+            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+                raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
+            conn.add_termination_listener(lambda *_: token.run_sync_soon(bell.lost))
+            if conn.is_closed():  # lost before the listener was in place: it will not say so
+                bell.lost()
+            yield bell
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await aio(conn.close, timeout=5)
+                except Exception:
+                    conn.terminate()
+
+
+class Doorbell:
+    """Rings when something was inserted into the outbox. A hint only: the relay also polls."""
+
+    def __init__(self) -> None:
+        self._rung = trio.Event()
+        self.connected = True
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    def lost(self) -> None:
+        self.connected = False
+        self._rung.set()
+
+    def clear(self) -> None:
+        if self._rung.is_set():
+            self._rung = trio.Event()
+
+    async def wait(self) -> None:
+        await self._rung.wait()
+
+
+class OutboxClaim:
+    """Rows claimed by one relay pass. Trio-flavoured methods; one crossing each."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._tx: Any = None
+        self.rows: list[OutboxRow] = []
+
+    @crossing
+    async def _begin(self, limit: int) -> None:
+        self._tx = self._conn.transaction()
+        await self._tx.start()
+        records = await self._conn.fetch(Q["outbox_claim"], limit)
+        self.rows = [
+            OutboxRow(r["id"], r["delivery_id"], r["routing_key"], r["body"], r["created_at"])
+            for r in records
+        ]
+
+    @crossing
+    async def finish(self, sent: Sequence[int], refused: Mapping[int, str]) -> None:
+        """Delete the rows the broker confirmed; push back the ones it refused."""
+        if sent:
+            await self._conn.execute(Q["outbox_delete"], list(sent))
+        if refused:
+            await self._conn.execute(Q["outbox_refused"], list(refused), list(refused.values()))
+
+    @crossing
+    async def _commit(self) -> None:
+        await self._tx.commit()
+        self._tx = None
+
+    async def _close(self, pool: Pool) -> None:
+        """Trio-flavoured; roll back anything unfinished and give the connection back."""
+
+        async def close() -> None:
+            try:
+                if self._tx is not None:
+                    await self._tx.rollback()
+            except asyncpg.InterfaceError:
+                # The connection is closed already (a statement timed out): Postgres rolls the
+                # transaction back itself, and the pool has the connection back.
+                pass
+            except Exception:
+                # A broken connection: the pool discards it on release.
+                log.warning("outbox claim: rollback failed", exc_info=True)
+            finally:
+                await pool.release(self._conn)
+
+        try:
+            await aio(close)
+        except Exception:
+            log.warning("outbox claim: releasing the connection failed", exc_info=True)

@@ -1,0 +1,164 @@
+"""The asyncpg pool the store runs on, with every wait bounded, and the base of the store's
+query classes.
+
+Nothing waits on Postgres for ever: taking a pooled connection is bounded by the acquire
+timeout, and every statement by the statement timeout — on the server (Postgres cancels it, and
+the connection stays usable) and, a moment later, on the client (for when the server cannot
+answer at all, e.g. a stalled network path: the connection is closed). Either way the caller gets
+``StoreUnavailable`` within a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable
+from typing import Any, TypeVar, cast
+
+import asyncpg
+import msgspec
+from asyncpg.pool import PoolAcquireContext
+
+from notifier.bridge import aio
+from notifier.errors import StoreError, StoreUnavailable
+from notifier.store.base import UNAVAILABLE, Conn, Row
+
+T = TypeVar("T")
+
+# The client's own bound on a statement comes this long after the server's, so that a server
+# that can answer cancels the statement itself (and the connection is kept).
+CLIENT_GRACE_SECONDS = 0.5
+
+
+class _Connection(asyncpg.Connection):
+    """Asyncio-flavoured. An asyncpg connection that closes itself when a statement times out.
+
+    On a timeout asyncpg asks the server to cancel the statement (over a second connection) and
+    keeps this one until the server has acknowledged it, so the next use of the connection — the
+    ROLLBACK of its transaction, the pool's reset on release — waits for that first. When the
+    path to Postgres is what stalls, neither ever comes, and each of those waits would take
+    another full timeout. A connection whose statement timed out is in an unknown state anyway:
+    close it at once; the pool opens a fresh one when it needs one.
+    """
+
+    async def _closing_on_timeout(self, statement: Awaitable[T]) -> T:
+        try:
+            return await statement
+        except TimeoutError:
+            self.terminate()
+            raise
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().execute(*args, **kwargs))
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().executemany(*args, **kwargs))
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetch(*args, **kwargs))
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchrow(*args, **kwargs))
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchval(*args, **kwargs))
+
+    async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._closing_on_timeout(super().fetchmany(*args, **kwargs))
+
+
+class LongStatements:
+    """Asyncio-flavoured. A connection whose ``fetch`` and ``fetchval`` wait ``timeout_seconds``
+    on the client, not the pool's statement timeout."""
+
+    def __init__(self, conn: Conn, timeout_seconds: float) -> None:
+        self._conn = conn
+        self._timeout = timeout_seconds
+
+    async def fetch(self, query: str, *args: object) -> list[Row]:
+        return cast(list[Row], await self._conn.fetch(query, *args, timeout=self._timeout))
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        return await self._conn.fetchval(query, *args, timeout=self._timeout)
+
+
+class Pool:
+    """Asyncio-flavoured. The asyncpg pool, with every wait for a connection bounded.
+
+    asyncpg's pool waits for a free connection for ever unless told otherwise, and so would every
+    request queued behind connections stuck on a stalled Postgres. The same bound also limits
+    the pool's reset of a connection given back (asyncpg uses the acquire timeout for both).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout_seconds: float) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout_seconds
+
+    def acquire(self, timeout_seconds: float | None = None) -> PoolAcquireContext:
+        """A connection within ``timeout_seconds`` (by default the pool's acquire timeout), as
+        ``async with pool.acquire() as conn`` or ``conn = await pool.acquire()``."""
+        return self._pool.acquire(timeout=timeout_seconds or self._acquire_timeout)
+
+    async def release(self, conn: Conn) -> None:
+        await self._pool.release(conn)
+
+    async def fetch(self, query: str, *args: object) -> list[Row]:
+        async with self.acquire() as conn:
+            return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: object) -> Row | None:
+        async with self.acquire() as conn:
+            return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: object) -> str:
+        async with self.acquire() as conn:
+            return await conn.execute(query, *args)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # JSON goes in and out as text; msgspec does the work. `msgspec.Raw` passes pre-encoded JSON.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: msgspec.json.encode(value).decode(),
+        decoder=msgspec.json.decode,
+        schema="pg_catalog",
+        format="text",
+    )
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    max_size: int,
+    connect_timeout_seconds: float,
+    acquire_timeout_seconds: float,
+    statement_timeout_seconds: float,
+) -> tuple[asyncpg.Pool, Pool]:
+    """Trio-flavoured (the bridge must be open). The asyncpg pool, to close, and the bounded
+    ``Pool`` over it: each statement runs at most ``statement_timeout_seconds``."""
+    statement_ms = max(1, math.ceil(statement_timeout_seconds * 1000))
+    try:
+        pool = await aio(
+            asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
+            timeout=connect_timeout_seconds, init=_init_connection,
+            connection_class=_Connection,
+            server_settings={"statement_timeout": str(statement_ms)},
+            command_timeout=statement_timeout_seconds + CLIENT_GRACE_SECONDS,
+        )  # fmt: skip
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(f"cannot connect to Postgres: {exc!r}") from exc
+    except asyncpg.PostgresError as exc:
+        raise StoreError(f"cannot connect to Postgres: {exc}") from exc
+    return pool, Pool(pool, acquire_timeout_seconds)
+
+
+class Queries:
+    """The base of the store's query classes, one for each role (composed into ``Store``):
+    the bounded pool, and the DSN for a connection of its own (the outbox doorbell)."""
+
+    def __init__(self, pool: Pool, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn

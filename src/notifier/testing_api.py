@@ -1,0 +1,411 @@
+"""``MemoryApiStore``: the HTTP API's store (``notifier.store.api.ApiStore``) in memory, so the
+API runs, and is tested, without Postgres.
+
+It keeps the rules the store's SQL keeps, as the API sees them: every call is a tenant's, an
+idempotency key replays its event for the same body and conflicts for another, a batch is stored
+whole or not at all, events fan out by ``notifier.testing.fanout_targets``, a change of a
+channel changes only the fields it names, and only finished deliveries of enabled channels are
+replayed. What it enqueues for the workers is kept in ``enqueued`` (delivery ids, in order);
+nothing moves a delivery afterwards unless a test ``settle``\\ s it. Set ``unavailable = True``
+to make every call raise ``StoreUnavailable`` (Postgres down).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import trio
+
+from notifier.errors import StoreUnavailable
+from notifier.store.api import ApiStore
+from notifier.store.deliveries import REPLAY_NOTE
+from notifier.store.errors import (
+    ConfigChanged,
+    IdempotencyConflict,
+    NotFound,
+    NotReplayable,
+    UnknownChannels,
+)
+from notifier.store.rows import (
+    TERMINAL_STATUSES,
+    Attempt,
+    Channel,
+    ChannelChanges,
+    Delivery,
+    DeliverySummary,
+    Event,
+    IngestResult,
+    MetricsSnapshot,
+    NewEvent,
+    ReplayPage,
+)
+from notifier.testing import fanout_targets, pattern_matches
+
+DEFAULT_MAX_ATTEMPTS = 5  # when neither the channel nor its type says (as in insert_events)
+
+
+@dataclass
+class _StoredEvent:
+    tenant_id: uuid.UUID
+    event: Event  # its deliveries as they were created
+    request_hash: str
+
+
+@dataclass
+class _StoredDelivery:
+    tenant_id: uuid.UUID
+    delivery: Delivery
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+class MemoryApiStore(ApiStore):
+    """An ``ApiStore`` in memory (see the module docstring); mypy checks it implements the
+    interface it names."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, uuid.UUID] = {}  # API key hash -> tenant id
+        self.channels: dict[uuid.UUID, Channel] = {}
+        self.events: dict[uuid.UUID, _StoredEvent] = {}
+        self.deliveries: dict[uuid.UUID, _StoredDelivery] = {}
+        self.enqueued: list[uuid.UUID] = []  # delivery ids handed to the outbox, in order
+        self.unavailable = False
+        self._last_time = datetime.now(UTC)
+
+    # -- for tests ----------------------------------------------------------------------------
+
+    async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
+        await self._call()
+        tenant_id = uuid.uuid4()
+        self.tenants[api_key_hash] = tenant_id
+        return tenant_id
+
+    def settle(
+        self, delivery_id: uuid.UUID, status: str, *, attempt: int = 1, error: str | None = None
+    ) -> None:
+        """What a worker would write: the delivery ``status`` after ``attempt``."""
+        stored = self.deliveries[delivery_id]
+        now = self._now()
+        stored.delivery = msgspec.structs.replace(
+            stored.delivery, status=status, attempt=attempt, last_error=error,
+            delivered_at=now if status == "DELIVERED" else None,
+        )  # fmt: skip
+        outcome = {"DELIVERED": "success", "DEAD": "dead"}.get(status, "retry")
+        stored.attempts.append(Attempt(
+            attempt=attempt, outcome=outcome, status_code=None, duration_ms=1, error=error,
+            started_at=now,
+        ))  # fmt: skip
+
+    def _now(self) -> datetime:
+        """Now, and always later than the last time given: rows are ordered by creation."""
+        self._last_time = max(datetime.now(UTC), self._last_time + timedelta(microseconds=1))
+        return self._last_time
+
+    async def _call(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.unavailable:
+            raise StoreUnavailable("memory store is unavailable")
+
+    # -- health, metrics, tenants -------------------------------------------------------------
+
+    async def ping(self, timeout_seconds: float) -> None:
+        await self._call()
+
+    async def metrics_snapshot(self) -> MetricsSnapshot:
+        await self._call()
+        open_ = [d.delivery for d in self.deliveries.values()]
+        return MetricsSnapshot(
+            outbox_depth=len(self.enqueued),
+            pending=sum(1 for d in open_ if d.status == "PENDING"),
+            retrying=sum(1 for d in open_ if d.status == "RETRYING"),
+            oldest_open_age_seconds=None,
+        )
+
+    async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None:
+        await self._call()
+        return self.tenants.get(api_key_hash)
+
+    # -- channels -----------------------------------------------------------------------------
+
+    async def create_channel(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str,
+        name: str,
+        config: dict[str, Any],
+        recipient: str | None,
+        event_types: list[str],
+        enabled: bool,
+        max_attempts: int | None,
+    ) -> Channel:
+        await self._call()
+        now = self._now()
+        channel = Channel(
+            id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
+            recipient=recipient, event_types=list(event_types), enabled=enabled,
+            max_attempts=max_attempts, created_at=now, updated_at=now,
+        )  # fmt: skip
+        self.channels[channel.id] = channel
+        return channel
+
+    def _channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None:
+        channel = self.channels.get(channel_id)
+        return channel if channel is not None and channel.tenant_id == tenant_id else None
+
+    async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None:
+        await self._call()
+        return self._channel(tenant_id, channel_id)
+
+    async def list_channels(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        type: str | None,
+        recipient: str | None,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Channel]:
+        await self._call()
+        found = sorted(
+            (c for c in self.channels.values() if c.tenant_id == tenant_id
+             and (type is None or c.type == type)
+             and (recipient is None or c.recipient == recipient)
+             and (after is None or (c.created_at, c.id) > after)),
+            key=lambda c: (c.created_at, c.id),
+        )  # fmt: skip
+        return found[:limit]
+
+    async def update_channel(
+        self,
+        tenant_id: uuid.UUID,
+        channel_id: uuid.UUID,
+        changes: ChannelChanges,
+        *,
+        config_read: dict[str, Any] | None = None,
+    ) -> Channel | None:
+        await self._call()
+        named = changes.named()
+        if "config" in named and config_read is None:
+            raise ValueError("a new config needs the config it was made from")
+        channel = self._channel(tenant_id, channel_id)
+        if channel is None:
+            return None
+        if "config" in named and channel.config != config_read:
+            raise ConfigChanged("the channel's config changed while the new one was made")
+        now = self._now()
+        update: dict[str, Any] = {f: getattr(changes, f) for f in named}
+        if "enabled" in named:
+            if changes.enabled:
+                update |= {"disabled_reason": None, "disabled_at": None}
+                if not channel.enabled:  # enabling a disabled channel starts its health afresh
+                    update |= {"consecutive_failures": 0, "failing_since": None}
+            elif channel.enabled:
+                update |= {"disabled_reason": "disabled through the API", "disabled_at": now}
+        self.channels[channel_id] = msgspec.structs.replace(channel, updated_at=now, **update)
+        return self.channels[channel_id]
+
+    async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool:
+        await self._call()
+        if self._channel(tenant_id, channel_id) is None:
+            return False
+        del self.channels[channel_id]
+        return True
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ingest(
+        self,
+        tenant_id: uuid.UUID,
+        events: Sequence[NewEvent],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult]:
+        """The whole batch, or nothing: an unknown channel or a key conflict writes nothing."""
+        await self._call()
+        named = {cid for e in events for cid in e.channel_ids or ()}
+        if missing := sorted(c for c in named if self._channel(tenant_id, c) is None):
+            raise UnknownChannels(missing)
+        by_key = {
+            s.event.idempotency_key: s for s in self.events.values()
+            if s.tenant_id == tenant_id and s.event.idempotency_key is not None
+        }  # fmt: skip
+        planned: list[tuple[NewEvent, _StoredEvent | None]] = []  # None: a new event
+        for e in events:
+            prior = by_key.get(e.idempotency_key) if e.idempotency_key is not None else None
+            if prior is not None and prior.request_hash != e.request_hash:
+                raise IdempotencyConflict(e.idempotency_key or "")
+            planned.append((e, prior))
+            if prior is None and e.idempotency_key is not None:
+                by_key[e.idempotency_key] = _StoredEvent(tenant_id, _new(e), e.request_hash)
+        results = []
+        for e, prior in planned:
+            if prior is not None:
+                earlier = self.events[prior.event.id]  # stored before, or earlier in the batch
+                results.append(IngestResult(event=self._current(earlier), created=False))
+            else:
+                stored = self._store_event(tenant_id, e, max_attempts)
+                results.append(IngestResult(event=stored.event, created=True))
+        return results
+
+    def _store_event(
+        self, tenant_id: uuid.UUID, e: NewEvent, max_attempts: Mapping[str, int]
+    ) -> _StoredEvent:
+        now = self._now()
+        targets = fanout_targets(
+            self.channels.values(), tenant_id=tenant_id, event_type=e.type,
+            recipient=e.recipient, channel_ids=e.channel_ids,
+        )  # fmt: skip
+        summaries = []
+        for c in sorted(targets, key=lambda c: c.id):
+            delivery = Delivery(
+                id=uuid.uuid4(), event_id=e.id, channel_id=c.id, channel_type=c.type,
+                status="PENDING", attempt=0,
+                max_attempts=c.max_attempts or max_attempts.get(c.type, DEFAULT_MAX_ATTEMPTS),
+                last_error=None, next_attempt_at=None, delivered_at=None, created_at=now,
+            )  # fmt: skip
+            self.deliveries[delivery.id] = _StoredDelivery(tenant_id, delivery)
+            self.enqueued.append(delivery.id)
+            summaries.append(DeliverySummary(
+                id=delivery.id, channel_id=c.id, channel_type=c.type, status="PENDING"
+            ))  # fmt: skip
+        event = msgspec.structs.replace(_new(e), created_at=now, deliveries=summaries)
+        self.events[e.id] = stored = _StoredEvent(tenant_id, event, e.request_hash)
+        return stored
+
+    def _current(self, stored: _StoredEvent) -> Event:
+        """The event with its deliveries as they are now (``event_get``)."""
+        summaries = [
+            DeliverySummary(id=d.id, channel_id=d.channel_id, channel_type=d.channel_type,
+                            status=d.status)
+            for d in sorted(self._deliveries(stored.tenant_id), key=lambda d: d.channel_id)
+            if d.event_id == stored.event.id
+        ]  # fmt: skip
+        return msgspec.structs.replace(stored.event, deliveries=summaries)
+
+    async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None:
+        await self._call()
+        stored = self.events.get(event_id)
+        if stored is None or stored.tenant_id != tenant_id:
+            return None
+        return self._current(stored)
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    def _deliveries(self, tenant_id: uuid.UUID) -> list[Delivery]:
+        return [s.delivery for s in self.deliveries.values() if s.tenant_id == tenant_id]
+
+    async def list_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str | None,
+        channel_id: uuid.UUID | None,
+        event_id: uuid.UUID | None,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[Delivery]:
+        await self._call()
+        found = sorted(
+            (d for d in self._deliveries(tenant_id)
+             if (status is None or d.status == status)
+             and (channel_id is None or d.channel_id == channel_id)
+             and (event_id is None or d.event_id == event_id)
+             and (before is None or (d.created_at, d.id) < before)),
+            key=lambda d: (d.created_at, d.id), reverse=True,
+        )  # fmt: skip
+        return found[:limit]
+
+    async def get_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> Delivery | None:
+        await self._call()
+        stored = self.deliveries.get(delivery_id)
+        if stored is None or stored.tenant_id != tenant_id:
+            return None
+        return msgspec.structs.replace(stored.delivery, attempts=list(stored.attempts))
+
+    def _channel_state(self, delivery: Delivery) -> str:
+        channel = self.channels.get(delivery.channel_id)
+        if channel is None:
+            return "deleted"
+        return "enabled" if channel.enabled else "disabled"
+
+    def _replay(self, stored: _StoredDelivery) -> None:
+        """Enqueue a finished delivery again with a fresh attempt budget (``replay``)."""
+        d = stored.delivery
+        stored.attempts.append(Attempt(
+            attempt=d.attempt, outcome="replayed", status_code=None, duration_ms=0,
+            error=REPLAY_NOTE, started_at=self._now(),
+        ))  # fmt: skip
+        stored.delivery = msgspec.structs.replace(
+            d, status="PENDING", attempt=0, last_error=None, next_attempt_at=None,
+            delivered_at=None,
+        )  # fmt: skip
+        self.enqueued.append(d.id)
+
+    async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
+        await self._call()
+        stored = self.deliveries.get(delivery_id)
+        if stored is None or stored.tenant_id != tenant_id:
+            raise NotFound("delivery not found")
+        d = stored.delivery
+        if d.status not in TERMINAL_STATUSES:
+            raise NotReplayable(
+                f"the delivery is {d.status}: only a DELIVERED or DEAD delivery can be replayed"
+            )
+        state = self._channel_state(d)
+        if state != "enabled":
+            raise NotReplayable(
+                f"the delivery's channel is {state}"
+                + ("; enable it first" if state == "disabled" else "")
+            )
+        self._replay(stored)
+
+    async def replay_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        *,
+        status: str,
+        channel_id: uuid.UUID | None,
+        event_type: str | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        after: tuple[datetime, uuid.UUID] | None = None,
+        limit: int,
+    ) -> ReplayPage:
+        await self._call()
+
+        def matches(s: _StoredDelivery) -> bool:
+            d = s.delivery
+            return (
+                s.tenant_id == tenant_id and d.status == status
+                and self._channel_state(d) == "enabled"
+                and (channel_id is None or d.channel_id == channel_id)
+                and (event_type is None
+                     or pattern_matches(event_type, self.events[d.event_id].event.type))
+                and (created_after is None or d.created_at >= created_after)
+                and (created_before is None or d.created_at < created_before)
+            )  # fmt: skip
+
+        walk = sorted(
+            (s for s in self.deliveries.values() if matches(s)),
+            key=lambda s: (s.delivery.created_at, s.delivery.id),
+        )
+        if after is not None:
+            walk = [s for s in walk if (s.delivery.created_at, s.delivery.id) > after]
+        taken, rest = walk[:limit], walk[limit:]
+        for stored in taken:
+            self._replay(stored)
+        last = taken[-1].delivery if taken else None
+        position = (last.created_at, last.id) if rest and last is not None else None
+        return ReplayPage(queued=len(taken), more=bool(rest), next=position)
+
+
+def _new(e: NewEvent) -> Event:
+    """The event ``e`` as stored (its creation time and deliveries set by the caller)."""
+    return Event(
+        id=e.id, type=e.type, recipient=e.recipient, payload=msgspec.json.decode(e.payload),
+        idempotency_key=e.idempotency_key, created_at=datetime.now(UTC), deliveries=[],
+    )  # fmt: skip

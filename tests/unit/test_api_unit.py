@@ -1,0 +1,318 @@
+"""The HTTP API (DESIGN §6) on the in-memory store (``notifier.testing_api.MemoryApiStore``):
+routes, statuses, error bodies, idempotency, pagination and replay, without Postgres. The
+integration tests (tests/integration/test_api.py) prove the same answers on the real SQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from quart import typing as quart_typing
+
+from notifier.config import parse_config
+from notifier.ingest.app import create_app, hash_api_key
+from notifier.testing import RecordingAdapter
+from notifier.testing_api import MemoryApiStore
+
+WEBHOOK = {"type": "webhook", "name": "hook", "config": {"url": "https://hooks.example.com/in"}}
+EVENT = {"type": "order.created", "payload": {"n": 1}}
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any
+    headers: Mapping[str, str]
+
+
+@dataclass
+class Api:
+    """The app on a ``MemoryApiStore`` with two tenants, ``a`` and ``b``."""
+
+    store: MemoryApiStore
+    client: quart_typing.TestClientProtocol
+
+    async def call(
+        self, method: str, path: str, *, key: str | None = "a", json: Any = None,
+        data: bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> Answer:  # fmt: skip
+        """``json`` None sends no body (or ``data``, as it is)."""
+        sent = dict(headers or {})
+        if key is not None:
+            sent["Authorization"] = f"Bearer key-{key}"
+        body: dict[str, Any] = {"json": json} if json is not None else {"data": data or b""}
+        resp = await self.client.open(path, method=method, headers=sent, **body)
+        got = await resp.get_json() if resp.mimetype == "application/json" else None
+        return Answer(resp.status_code, got, resp.headers)
+
+    def rows(self) -> tuple[int, int, int, int]:
+        s = self.store
+        return len(s.channels), len(s.events), len(s.deliveries), len(s.enqueued)
+
+    async def channel(self, key: str = "a", **fields: Any) -> dict[str, Any]:
+        answer = await self.call("POST", "/v1/channels", key=key, json={**WEBHOOK, **fields})
+        assert answer.status == 201, answer.body
+        body: dict[str, Any] = answer.body
+        return body
+
+    async def event(self, key: str = "a", **fields: Any) -> dict[str, Any]:
+        answer = await self.call("POST", "/v1/events", key=key, json={**EVENT, **fields})
+        assert answer.status == 202, answer.body
+        body: dict[str, Any] = answer.body
+        return body
+
+
+@pytest.fixture
+async def api() -> Api:
+    store = MemoryApiStore()
+    for name in ("a", "b"):
+        await store.create_tenant(name, hash_api_key(f"key-{name}"))
+    config = parse_config({"workers": {"webhook": {}}}, env={})
+    app = create_app(store, config, {"webhook": RecordingAdapter("webhook")})
+    return Api(store, app.test_client())
+
+
+def error_code(answer: Answer) -> str:
+    assert set(answer.body) == {"error"}
+    assert set(answer.body["error"]) == {"code", "message"}
+    code: str = answer.body["error"]["code"]
+    return code
+
+
+# -- channels -----------------------------------------------------------------------------------
+
+
+async def test_a_channel_is_created_read_listed_changed_and_deleted(api: Api) -> None:
+    created = await api.channel(name="first", event_types=["order.*"])
+    path = f"/v1/channels/{created['id']}"
+    assert created["name"] == "first"
+    assert created["enabled"] is True
+
+    got = await api.call("GET", path)
+    assert got.status == 200
+    assert got.body["id"] == created["id"]
+
+    listed = await api.call("GET", "/v1/channels")
+    assert [c["id"] for c in listed.body["items"]] == [created["id"]]
+    assert listed.body["next_cursor"] is None
+
+    patched = await api.call("PATCH", path, json={"name": "renamed", "enabled": False})
+    assert patched.status == 200, patched.body
+    assert patched.body["name"] == "renamed"
+    assert patched.body["enabled"] is False
+    assert patched.body["disabled_reason"] == "disabled through the API"
+    assert patched.body["event_types"] == ["order.*"]  # not named: kept
+
+    assert (await api.call("DELETE", path)).status == 204
+    assert error_code(await api.call("GET", path)) == "not_found"
+    assert (await api.call("DELETE", path)).status == 404
+
+
+async def test_channels_are_listed_a_page_at_a_time(api: Api) -> None:
+    ids = [(await api.channel(name=f"c{n}"))["id"] for n in range(5)]
+    seen, cursor = [], None
+    while True:
+        query = "/v1/channels?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = await api.call("GET", query)
+        assert page.status == 200
+        assert len(page.body["items"]) <= 2
+        seen += [c["id"] for c in page.body["items"]]
+        cursor = page.body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids
+
+
+async def test_a_patched_config_keeps_the_stored_secret(api: Api) -> None:
+    created = await api.channel(config={"url": "https://a.example/in", "secret": "s3"})
+    path = f"/v1/channels/{created['id']}"
+    patched = await api.call("PATCH", path, json={"config": {"url": "https://b.example/in"}})
+    assert patched.status == 200, patched.body
+    stored = api.store.channels[uuid.UUID(created["id"])]
+    assert stored.config == {"url": "https://b.example/in", "secret": "s3"}
+
+
+async def test_bad_channel_bodies_are_refused_and_write_nothing(api: Api) -> None:
+    before = api.rows()
+    missing = await api.call("POST", "/v1/channels", json={"type": "webhook"})
+    assert (missing.status, error_code(missing)) == (422, "validation_error")
+    unknown = await api.call("POST", "/v1/channels", json={**WEBHOOK, "type": "pager"})
+    assert (unknown.status, error_code(unknown)) == (422, "validation_error")
+    assert "not enabled" in unknown.body["error"]["message"]
+    json_type = {"Content-Type": "application/json"}
+    broken = await api.call("POST", "/v1/channels", headers=json_type, data=b'{"type": ')
+    assert broken.status == 400
+    untyped = await api.call("POST", "/v1/channels", data=b"{}")
+    assert (untyped.status, error_code(untyped)) == (415, "unsupported_media_type")
+    assert api.rows() == before
+
+
+# -- tenants ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [None, "nobody"])
+async def test_without_a_valid_api_key_the_answer_is_401(api: Api, key: str | None) -> None:
+    answer = await api.call("POST", "/v1/events", key=key, json=EVENT)
+    assert (answer.status, error_code(answer)) == (401, "unauthorized")
+    assert api.rows() == (0, 0, 0, 0)
+
+
+async def test_another_tenants_rows_are_not_found(api: Api) -> None:
+    channel = await api.channel(key="b")
+    event = await api.event(key="b")
+    (delivery,) = event["deliveries"]
+    for method, path in [
+        ("GET", f"/v1/channels/{channel['id']}"),
+        ("PATCH", f"/v1/channels/{channel['id']}"),
+        ("DELETE", f"/v1/channels/{channel['id']}"),
+        ("GET", f"/v1/events/{event['id']}"),
+        ("GET", f"/v1/deliveries/{delivery['id']}"),
+        ("POST", f"/v1/deliveries/{delivery['id']}/retry"),
+    ]:
+        json = {"name": "x"} if method == "PATCH" else None
+        answer = await api.call(method, path, key="a", json=json)
+        assert (answer.status, error_code(answer)) == (404, "not_found"), (method, path)
+    assert (await api.call("GET", "/v1/channels", key="a")).body["items"] == []
+    assert (await api.call("GET", "/v1/deliveries", key="a")).body["items"] == []
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+async def test_an_event_fans_out_and_reads_back_with_its_payload(api: Api) -> None:
+    order = await api.channel(event_types=["order.*"])
+    await api.channel(event_types=["invoice.*"])
+    event = await api.event()
+    assert [d["channel_id"] for d in event["deliveries"]] == [order["id"]]
+    assert event["deliveries"][0]["status"] == "PENDING"
+    got = await api.call("GET", f"/v1/events/{event['id']}")
+    assert got.status == 200
+    assert got.body["payload"] == {"n": 1}
+    assert api.store.enqueued == [uuid.UUID(event["deliveries"][0]["id"])]
+
+
+async def test_an_idempotency_key_replays_the_event_and_conflicts_for_another_body(
+    api: Api,
+) -> None:
+    await api.channel()
+    first = await api.call("POST", "/v1/events", json=EVENT, headers={"Idempotency-Key": "k1"})
+    assert first.status == 202
+    again = await api.call("POST", "/v1/events", json=EVENT, headers={"Idempotency-Key": "k1"})
+    assert again.status == 200
+    assert again.body == first.body
+    before = api.rows()
+    other = {**EVENT, "payload": {"n": 2}}
+    conflict = await api.call("POST", "/v1/events", json=other, headers={"Idempotency-Key": "k1"})
+    assert (conflict.status, error_code(conflict)) == (409, "idempotency_conflict")
+    assert api.rows() == before
+
+
+async def test_a_batch_is_stored_whole_or_not_at_all(api: Api) -> None:
+    await api.channel()
+    batch = {"events": [{**EVENT, "idempotency_key": f"b{n}"} for n in range(3)]}
+    stored = await api.call("POST", "/v1/events/batch", json=batch)
+    assert stored.status == 202
+    assert len(stored.body["events"]) == 3
+    replayed = await api.call("POST", "/v1/events/batch", json=batch)
+    assert replayed.status == 200
+    assert replayed.body == stored.body
+
+    before = api.rows()
+    clash = {"events": [{**EVENT, "idempotency_key": "new"},
+                        {**EVENT, "idempotency_key": "b0", "payload": {"n": 9}}]}  # fmt: skip
+    assert (await api.call("POST", "/v1/events/batch", json=clash)).status == 409
+    unknown = {"events": [{**EVENT, "channel_ids": [str(uuid.uuid4())]}]}
+    answer = await api.call("POST", "/v1/events/batch", json=unknown)
+    assert (answer.status, error_code(answer)) == (422, "validation_error")
+    assert api.rows() == before
+
+
+async def test_bad_events_are_refused_and_write_nothing(api: Api) -> None:
+    await api.channel()
+    for body in [{"type": "a b", "payload": {}}, {"type": "a"}, {**EVENT, "extra": 1}]:
+        answer = await api.call("POST", "/v1/events", json=body)
+        assert (answer.status, error_code(answer)) == (422, "validation_error"), body
+    assert api.rows()[1:] == (0, 0, 0)
+
+
+async def test_postgres_unavailable_is_a_503_with_retry_after(api: Api) -> None:
+    api.store.unavailable = True
+    answer = await api.call("GET", "/v1/channels")
+    assert (answer.status, error_code(answer)) == (503, "unavailable")
+    assert answer.headers["Retry-After"] == "5"
+
+
+# -- deliveries and replay ----------------------------------------------------------------------
+
+
+async def test_deliveries_are_listed_newest_first_a_page_at_a_time(api: Api) -> None:
+    await api.channel()
+    events = [await api.event(payload={"n": n}) for n in range(5)]
+    newest_first = [e["deliveries"][0]["id"] for e in reversed(events)]
+    seen, cursor = [], None
+    while True:
+        query = "/v1/deliveries?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = await api.call("GET", query)
+        assert page.status == 200, page.body
+        seen += [d["id"] for d in page.body["items"]]
+        cursor = page.body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == newest_first
+    only = await api.call("GET", f"/v1/deliveries?event_id={events[0]['id']}")
+    assert [d["id"] for d in only.body["items"]] == [events[0]["deliveries"][0]["id"]]
+    for query in ["status=LOST", "limit=0", "cursor=nonsense"]:
+        bad = await api.call("GET", f"/v1/deliveries?{query}")
+        assert bad.status == 422, query
+
+
+async def test_a_finished_delivery_is_replayed_and_an_open_one_is_not(api: Api) -> None:
+    await api.channel()
+    (delivery,) = (await api.event())["deliveries"]
+    path = f"/v1/deliveries/{delivery['id']}/retry"
+    still_open = await api.call("POST", path)
+    assert (still_open.status, error_code(still_open)) == (409, "not_replayable")
+
+    api.store.settle(uuid.UUID(delivery["id"]), "DEAD", attempt=5, error="HTTP 500")
+    replayed = await api.call("POST", path)
+    assert replayed.status == 202, replayed.body
+    assert replayed.body["status"] == "PENDING"
+    assert replayed.body["attempt"] == 0
+    assert replayed.body["attempts"][-1]["outcome"] == "replayed"
+    assert api.store.enqueued.count(uuid.UUID(delivery["id"])) == 2
+    with_body = await api.call("POST", path, json={"force": True})
+    assert with_body.status == 422
+
+
+async def test_a_delivery_of_a_disabled_channel_is_not_replayed(api: Api) -> None:
+    channel = await api.channel()
+    (delivery,) = (await api.event())["deliveries"]
+    api.store.settle(uuid.UUID(delivery["id"]), "DEAD")
+    await api.call("PATCH", f"/v1/channels/{channel['id']}", json={"enabled": False})
+    answer = await api.call("POST", f"/v1/deliveries/{delivery['id']}/retry")
+    assert (answer.status, error_code(answer)) == (409, "not_replayable")
+    assert "enable it first" in answer.body["error"]["message"]
+
+
+async def test_a_bulk_replay_walks_the_dead_deliveries_with_its_cursor(api: Api) -> None:
+    await api.channel()
+    ids = [(await api.event(payload={"n": n}))["deliveries"][0]["id"] for n in range(3)]
+    for d in ids:
+        api.store.settle(uuid.UUID(d), "DEAD")
+    first = await api.call("POST", "/v1/deliveries/retry", json={"limit": 2})
+    assert first.status == 202, first.body
+    assert first.body["queued"] == 2
+    assert first.body["more"] is True
+    rest = await api.call(
+        "POST", "/v1/deliveries/retry", json={"limit": 2, "cursor": first.body["next_cursor"]}
+    )
+    assert rest.body == {"queued": 1, "more": False, "next_cursor": None}
+    statuses = {d: api.store.deliveries[uuid.UUID(d)].delivery.status for d in ids}
+    assert set(statuses.values()) == {"PENDING"}
+    other_type = await api.call("POST", "/v1/deliveries/retry", json={"event_type": "invoice.*"})
+    assert other_type.body["queued"] == 0
+    bad = await api.call("POST", "/v1/deliveries/retry", json={"status": "PENDING"})
+    assert (bad.status, error_code(bad)) == (422, "validation_error")
