@@ -13,6 +13,7 @@ to make every call raise ``StoreUnavailable`` (Postgres down).
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,16 +24,14 @@ import trio
 
 from notifier.errors import StoreUnavailable
 from notifier.store.api import ApiStore
-from notifier.store.deliveries import REPLAY_NOTE
+from notifier.store.deliveries import REPLAY_NOTE, not_replayable
 from notifier.store.errors import (
     ConfigChanged,
     IdempotencyConflict,
     NotFound,
-    NotReplayable,
     UnknownChannels,
 )
 from notifier.store.rows import (
-    TERMINAL_STATUSES,
     Attempt,
     Channel,
     ChannelChanges,
@@ -80,8 +79,7 @@ class MemoryApiStore(ApiStore):
 
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
         await self._call()
-        tenant_id = uuid.uuid4()
-        self.tenants[api_key_hash] = tenant_id
+        self.tenants[api_key_hash] = tenant_id = uuid.uuid4()
         return tenant_id
 
     def settle(
@@ -117,13 +115,11 @@ class MemoryApiStore(ApiStore):
 
     async def metrics_snapshot(self) -> MetricsSnapshot:
         await self._call()
-        open_ = [d.delivery for d in self.deliveries.values()]
+        statuses = Counter(s.delivery.status for s in self.deliveries.values())
         return MetricsSnapshot(
-            outbox_depth=len(self.enqueued),
-            pending=sum(1 for d in open_ if d.status == "PENDING"),
-            retrying=sum(1 for d in open_ if d.status == "RETRYING"),
-            oldest_open_age_seconds=None,
-        )
+            outbox_depth=len(self.enqueued), pending=statuses["PENDING"],
+            retrying=statuses["RETRYING"], oldest_open_age_seconds=None,
+        )  # fmt: skip
 
     async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None:
         await self._call()
@@ -229,31 +225,31 @@ class MemoryApiStore(ApiStore):
         named = {cid for e in events for cid in e.channel_ids or ()}
         if missing := sorted(c for c in named if self._channel(tenant_id, c) is None):
             raise UnknownChannels(missing)
-        by_key = {
-            s.event.idempotency_key: s for s in self.events.values()
+        keys = {  # idempotency key -> (request hash, event id)
+            s.event.idempotency_key: (s.request_hash, s.event.id) for s in self.events.values()
             if s.tenant_id == tenant_id and s.event.idempotency_key is not None
         }  # fmt: skip
-        planned: list[tuple[NewEvent, _StoredEvent | None]] = []  # None: a new event
-        for e in events:
-            prior = by_key.get(e.idempotency_key) if e.idempotency_key is not None else None
-            if prior is not None and prior.request_hash != e.request_hash:
-                raise IdempotencyConflict(e.idempotency_key or "")
-            planned.append((e, prior))
-            if prior is None and e.idempotency_key is not None:
-                by_key[e.idempotency_key] = _StoredEvent(tenant_id, _new(e), e.request_hash)
+        for e in events:  # every conflict first: a conflict writes nothing
+            key = e.idempotency_key
+            if (
+                key is not None
+                and keys.setdefault(key, (e.request_hash, e.id))[0] != e.request_hash
+            ):
+                raise IdempotencyConflict(key)  # fmt: skip
         results = []
-        for e, prior in planned:
-            if prior is not None:
-                earlier = self.events[prior.event.id]  # stored before, or earlier in the batch
-                results.append(IngestResult(event=self._current(earlier), created=False))
-            else:
-                stored = self._store_event(tenant_id, e, max_attempts)
-                results.append(IngestResult(event=stored.event, created=True))
+        for e in events:
+            _, first = keys.get(e.idempotency_key or "", (None, e.id))
+            if first == e.id:
+                results.append(IngestResult(event=self._store_event(tenant_id, e, max_attempts),
+                                            created=True))  # fmt: skip
+            else:  # stored before, or earlier in this batch
+                results.append(IngestResult(event=self._current(self.events[first]),
+                                            created=False))  # fmt: skip
         return results
 
     def _store_event(
         self, tenant_id: uuid.UUID, e: NewEvent, max_attempts: Mapping[str, int]
-    ) -> _StoredEvent:
+    ) -> Event:
         now = self._now()
         targets = fanout_targets(
             self.channels.values(), tenant_id=tenant_id, event_type=e.type,
@@ -272,9 +268,12 @@ class MemoryApiStore(ApiStore):
             summaries.append(DeliverySummary(
                 id=delivery.id, channel_id=c.id, channel_type=c.type, status="PENDING"
             ))  # fmt: skip
-        event = msgspec.structs.replace(_new(e), created_at=now, deliveries=summaries)
-        self.events[e.id] = stored = _StoredEvent(tenant_id, event, e.request_hash)
-        return stored
+        event = Event(
+            id=e.id, type=e.type, recipient=e.recipient, payload=msgspec.json.decode(e.payload),
+            idempotency_key=e.idempotency_key, created_at=now, deliveries=summaries,
+        )  # fmt: skip
+        self.events[e.id] = _StoredEvent(tenant_id, event, e.request_hash)
+        return event
 
     def _current(self, stored: _StoredEvent) -> Event:
         """The event with its deliveries as they are now (``event_get``)."""
@@ -350,17 +349,8 @@ class MemoryApiStore(ApiStore):
         stored = self.deliveries.get(delivery_id)
         if stored is None or stored.tenant_id != tenant_id:
             raise NotFound("delivery not found")
-        d = stored.delivery
-        if d.status not in TERMINAL_STATUSES:
-            raise NotReplayable(
-                f"the delivery is {d.status}: only a DELIVERED or DEAD delivery can be replayed"
-            )
-        state = self._channel_state(d)
-        if state != "enabled":
-            raise NotReplayable(
-                f"the delivery's channel is {state}"
-                + ("; enable it first" if state == "disabled" else "")
-            )
+        if refused := not_replayable(stored.delivery.status, self._channel_state(stored.delivery)):
+            raise refused
         self._replay(stored)
 
     async def replay_deliveries(
@@ -401,11 +391,3 @@ class MemoryApiStore(ApiStore):
         last = taken[-1].delivery if taken else None
         position = (last.created_at, last.id) if rest and last is not None else None
         return ReplayPage(queued=len(taken), more=bool(rest), next=position)
-
-
-def _new(e: NewEvent) -> Event:
-    """The event ``e`` as stored (its creation time and deliveries set by the caller)."""
-    return Event(
-        id=e.id, type=e.type, recipient=e.recipient, payload=msgspec.json.decode(e.payload),
-        idempotency_key=e.idempotency_key, created_at=datetime.now(UTC), deliveries=[],
-    )  # fmt: skip

@@ -31,6 +31,21 @@ def _delivery(row: Row, attempts: list[Attempt] | None = None) -> Delivery:
     )
 
 
+def not_replayable(status: str, channel_state: str) -> NotReplayable | None:
+    """Why a delivery in ``status``, of a channel ``channel_state`` (enabled, disabled or
+    deleted), cannot be replayed now; None when it can."""
+    if status not in TERMINAL_STATUSES:
+        return NotReplayable(
+            f"the delivery is {status}: only a DELIVERED or DEAD delivery can be replayed"
+        )
+    if channel_state != "enabled":
+        return NotReplayable(
+            f"the delivery's channel is {channel_state}"
+            + ("; enable it first" if channel_state == "disabled" else "")
+        )
+    return None
+
+
 class DeliveryQueries(Queries):
     """A tenant's deliveries, read and replayed."""
 
@@ -70,16 +85,8 @@ class DeliveryQueries(Queries):
             row = await conn.fetchrow(Q["replay_check"], tenant_id, delivery_id)
             if row is None:
                 raise NotFound("delivery not found")
-            if row["status"] not in TERMINAL_STATUSES:
-                raise NotReplayable(
-                    f"the delivery is {row['status']}: only a DELIVERED or DEAD delivery can be "
-                    "replayed"
-                )
-            if row["channel_state"] != "enabled":
-                raise NotReplayable(
-                    f"the delivery's channel is {row['channel_state']}"
-                    + ("; enable it first" if row["channel_state"] == "disabled" else "")
-                )
+            if refused := not_replayable(row["status"], row["channel_state"]):
+                raise refused
             await conn.fetch(
                 Q["replay"], tenant_id, row["status"], delivery_id, None, None, None, None, 1,
                 REPLAY_NOTE, None, None,
