@@ -279,8 +279,10 @@ async def test_closing_every_broker_connection_mid_stream_loses_nothing(
     events = 150
     config = fast_retries(database_url, broker_url)
     key = await create_tenant_key(database_url)
+    # A slow receiver (4 workers, 0.5 s each: 8 deliveries/s) keeps most of the first half
+    # undelivered while rabbitmqctl takes its seconds to start on a loaded machine.
     async with (
-        open_sink(delay_seconds=0.1) as sink,
+        open_sink(delay_seconds=0.5) as sink,
         run_notifier(config) as running,
         running.client(key) as api,
     ):
