@@ -45,6 +45,7 @@ from notifier.testing import (
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 
@@ -180,7 +181,7 @@ async def test_each_delivery_outcome_is_one_line_with_its_ids(worker_log: io.Str
     adapter = RecordingAdapter("webhook", PermanentError("HTTP 404: gone", status_code=404))
     handler = Handler(
         store, adapter, MemoryBroker().publish, timeout_seconds=5, policy=RetryPolicy(),
-        reporter=RecordingReporter(),
+        observer=outcome_observers("webhook", reporter=RecordingReporter(), metrics=None),
     )  # fmt: skip
     sink = Settled()
     incoming = Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)

@@ -29,6 +29,7 @@ from notifier.testing import (
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=(1, 5, 15, 30))
@@ -169,7 +170,9 @@ class Rig:
         self.sink = Sink()
         self.handler = Handler(
             self.store, adapter, self.broker.publish, timeout_seconds=10, policy=POLICY,
-            reporter=RecordingReporter(), metrics=self.metrics,
+            observer=outcome_observers(
+                adapter.channel_type, reporter=RecordingReporter(), metrics=self.metrics
+            ),
         )  # fmt: skip
 
     async def handle(self, m: WorkerMessage) -> Settle:
@@ -280,7 +283,8 @@ async def test_a_handler_without_metrics_still_handles() -> None:
     sink = Sink()
     handler = Handler(
         store, RecordingAdapter("webhook"), MemoryBroker().publish, timeout_seconds=10,
-        policy=POLICY, reporter=RecordingReporter(),
+        policy=POLICY,
+        observer=outcome_observers("webhook", reporter=RecordingReporter(), metrics=None),
     )  # fmt: skip
     await handler.handle(Incoming(encode_message(worker_message(1)), None, 1, False, sink))
     assert sink.settled == [Settle.ACK]

@@ -18,6 +18,7 @@ from notifier.messages import WorkerMessage, encode_message
 from notifier.observability import SentryReporter, setup_sentry
 from notifier.testing import MemoryBroker, MemoryDeliveries, RecordingAdapter, worker_message
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 SECRET = "whsec_c2VjcmV0LXRoYXQtbXVzdC1uZXZlci1sZWF2ZQ=="
@@ -66,7 +67,8 @@ async def handle_failing(step: Exception) -> tuple[WorkerMessage, list[Settle]]:
     store.add(message.delivery_id)
     handler = Handler(
         store, RecordingAdapter("webhook", step), MemoryBroker().publish, timeout_seconds=5,
-        policy=RetryPolicy(), reporter=SentryReporter(),
+        policy=RetryPolicy(),
+        observer=outcome_observers("webhook", reporter=SentryReporter(), metrics=None),
     )  # fmt: skip
     sink = Sink()
     await handler.handle(
