@@ -26,6 +26,7 @@ from notifier.testing import (
     PacedAdapter,
     RecordingAdapter,
     RecordingReporter,
+    SettleRecorder,
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
@@ -153,21 +154,13 @@ def test_broker_queues_are_the_main_queue_every_tier_and_the_dead_letter_queue()
 # -- the handler --------------------------------------------------------------------------------
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.settled: list[Settle] = []
-
-    def settle(self, delivery_tag: int, how: Settle) -> None:
-        self.settled.append(how)
-
-
 class Rig:
     def __init__(self, adapter: RecordingAdapter, store: MemoryDeliveries | None = None) -> None:
         self.metrics = Metrics()
         self.store = store or MemoryDeliveries()
         self.broker = MemoryBroker()
         self.broker.declare(build_topology(["webhook"], POLICY.tiers_seconds, "quorum"))
-        self.sink = Sink()
+        self.sink = SettleRecorder()
         self.handler = Handler(
             self.store, adapter, self.broker.publish, timeout_seconds=10, policy=POLICY,
             observer=outcome_observers(
@@ -280,7 +273,7 @@ async def test_a_duplicate_is_not_an_attempt() -> None:
 async def test_a_handler_without_metrics_still_handles() -> None:
     store = MemoryDeliveries()
     store.add(worker_message(1).delivery_id)
-    sink = Sink()
+    sink = SettleRecorder()
     handler = Handler(
         store, RecordingAdapter("webhook"), MemoryBroker().publish, timeout_seconds=10,
         policy=POLICY,

@@ -19,6 +19,8 @@ from notifier.testing import (
     MemoryDeliveries,
     PacedAdapter,
     RecordingAdapter,
+    RecordingObserver,
+    SettleRecorder,
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
@@ -28,24 +30,6 @@ from notifier.worker.observe import UNDECODABLE, Outcome
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=(1, 5, 15, 30))
 
 
-class RecordingObserver:
-    """An ``OutcomeObserver`` that keeps every outcome it is told."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
-
-    def observe(self, outcome: Outcome) -> None:
-        self.outcomes.append(outcome)
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.settled: list[Settle] = []
-
-    def settle(self, delivery_tag: int, how: Settle) -> None:
-        self.settled.append(how)
-
-
 class Rig:
     def __init__(self, adapter: RecordingAdapter, store: MemoryDeliveries | None = None) -> None:
         self.store = store or MemoryDeliveries()
@@ -53,7 +37,7 @@ class Rig:
         broker = MemoryBroker()
         broker.declare(build_topology(["webhook"], POLICY.tiers_seconds, "quorum"))
         self.observer = RecordingObserver()
-        self.sink = Sink()
+        self.sink = SettleRecorder()
         self.handler = Handler(
             self.store, adapter, broker.publish, timeout_seconds=10, policy=POLICY,
             observer=self.observer,
@@ -221,7 +205,7 @@ async def test_an_observer_that_raises_changes_nothing_about_the_message(
     m = worker_message(1)
     store = MemoryDeliveries()
     store.add(m.delivery_id)
-    sink = Sink()
+    sink = SettleRecorder()
     handler = Handler(
         store, RecordingAdapter("webhook", step), MemoryBroker().publish, timeout_seconds=10,
         policy=POLICY, observer=Raising(),
