@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from notifier.observability import SentryReporter
+from notifier.observability import Reporter
 
 log = logging.getLogger("notifier.service")
 
@@ -69,6 +69,7 @@ async def supervise(
     *,
     initial_backoff_seconds: float = 0.5,
     max_backoff_seconds: float = 30.0,
+    reporter: Reporter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``run(task_status=...)`` and restart it with exponential backoff when it fails.
@@ -76,7 +77,8 @@ async def supervise(
     A failure before the first ``started()`` propagates, so start-up errors (bad URL, refused
     declaration) surface at once. After that, failures of the component itself (a lost broker
     connection, Postgres gone) are logged and the component restarts; the rest of the process
-    keeps running. A normal return ends supervision.
+    keeps running. A normal return ends supervision. Each such failure is also reported to
+    ``reporter`` (Sentry in production, passed in by ``service.run``; none: only logged).
     """
     status = _StartedOnce(task_status)
     delay = initial_backoff_seconds
@@ -91,7 +93,8 @@ async def supervise(
             if trio.current_time() - began > 60:
                 delay = initial_backoff_seconds  # it ran fine for a while: start over
             log.error("%s failed, restarting in %.1f s: %r", name, delay, exc, exc_info=exc)
-            SentryReporter().report(f"{name} failed", tags={"component": name}, exc=exc)
+            if reporter is not None:
+                reporter.report(f"{name} failed", tags={"component": name}, exc=exc)
         if stop.is_set():
             return
         with stop.intake():

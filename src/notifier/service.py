@@ -21,7 +21,7 @@ from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.lifecycle import Stop, supervise
 from notifier.maintenance import run_maintenance
 from notifier.metrics import Metrics
-from notifier.observability import Reporter
+from notifier.observability import Reporter, SentryReporter
 from notifier.relay.relay import relay_loop
 from notifier.store import Store, open_store
 from notifier.worker.group import run_worker_group
@@ -70,10 +70,12 @@ async def run(
     (port taken, broker refusing the topology) fails the start-up before the next one starts.
     ``task_status`` receives the ingest server's bound addresses (empty without ingest).
     ``adapters`` replaces the registry's adapters (by channel type; tests pass fakes), and
-    ``reporter`` the Sentry reporter.
+    ``reporter`` the Sentry reporter that every supervisor and worker group reports to.
     """
     roles = set(roles)
     stop = stop or Stop()
+    reporter = reporter if reporter is not None else SentryReporter()
+    supervised = functools.partial(supervise, reporter=reporter)
     built = build_adapters(config)
     adapters = {**built, **(adapters or {})}
     grace = config.service.shutdown_grace_seconds
@@ -103,27 +105,27 @@ async def run(
                         serve_ingest, app, listeners, stop, grace_seconds=grace,
                         http2=config.ingest.http2, max_body_bytes=config.ingest.max_body_bytes,
                     )  # fmt: skip
-                    await services.start(supervise, "ingest", ingest, stop)
+                    await services.start(supervised, "ingest", ingest, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
                             run_amqp_ingest, config, store, stop, metrics=metrics
                         )
-                        await services.start(supervise, "amqp_ingest", amqp_ingest, stop)
+                        await services.start(supervised, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
                     relay = functools.partial(run_relay, config, store, stop, metrics=metrics)
-                    await services.start(supervise, "relay", relay, stop)
+                    await services.start(supervised, "relay", relay, stop)
                 if "workers" in roles:
                     for channel_type, workers in config.workers.enabled().items():
                         group = functools.partial(
                             run_worker_group, channel_type, config, workers, store,
                             adapters[channel_type], stop, reporter=reporter, metrics=metrics,
                         )  # fmt: skip
-                        await services.start(supervise, f"workers.{channel_type}", group, stop)
+                        await services.start(supervised, f"workers.{channel_type}", group, stop)
                 if "maintenance" in roles:
                     maintenance = functools.partial(
                         run_maintenance, config.maintenance, store, stop
                     )
-                    await services.start(supervise, "maintenance", maintenance, stop)
+                    await services.start(supervised, "maintenance", maintenance, stop)
                 log.info("notifier running: roles %s%s", ",".join(sorted(roles)),
                          f", listening on {' '.join(binds)}" if binds else "")  # fmt: skip
                 task_status.started(binds)

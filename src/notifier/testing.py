@@ -11,6 +11,8 @@
 - ``RecordingAdapter``: an adapter that records messages and succeeds, fails or stalls on cue;
   ``PacedAdapter`` adds a ``RateLimiter`` that lets one message through per interval.
 - ``RecordingReporter``: the Sentry reporter's interface, keeping what it was given.
+- ``RecordingObserver``: the worker's outcome observer, keeping every outcome it is told.
+- ``SettleRecorder``: where a consumed message is settled, keeping each settlement.
 
 The HTTP API's store in memory is ``notifier.testing_api.MemoryApiStore``.
 
@@ -33,7 +35,7 @@ import msgspec
 import trio
 
 from notifier.adapters.base import Receipt
-from notifier.broker.base import Confirm, Outgoing
+from notifier.broker.base import Confirm, Outgoing, Settle
 from notifier.broker.topology import Topology
 from notifier.errors import BrokerError, StoreUnavailable
 from notifier.messages import WorkerMessage
@@ -44,6 +46,7 @@ from notifier.store.rows import (
     DeliveryState,
     OutboxRow,
 )
+from notifier.worker.observe import Outcome
 
 # -- worker messages ----------------------------------------------------------------------------
 
@@ -689,6 +692,29 @@ class PacedAdapter(RecordingAdapter):
         wait = self._next_free - now
         self.waits.append(wait)
         return wait
+
+
+# -- recording observer and settlements ---------------------------------------------------------
+
+
+class RecordingObserver:
+    """The worker's ``OutcomeObserver`` that keeps every outcome it is told, in order."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+class SettleRecorder:
+    """A ``SettleSink`` that keeps how each message was settled, in order."""
+
+    def __init__(self) -> None:
+        self.settled: list[Settle] = []
+
+    def settle(self, delivery_tag: int, how: Settle) -> None:
+        self.settled.append(how)
 
 
 # -- recording reporter -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from notifier.testing import (
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import (
     RETRY_PUBLISH_TIMEOUT_SECONDS,
     STORE_UNAVAILABLE_PAUSE_SECONDS,
@@ -97,7 +98,9 @@ class Rig:
             publish or self.repairing,
             timeout_seconds=TIMEOUT,
             policy=POLICY,
-            reporter=self.reporter,
+            observer=outcome_observers(
+                self.adapter.channel_type, reporter=self.reporter, metrics=None
+            ),
         )
         self._tag = 0
 

@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from notifier.lifecycle import Stop, supervise
+from notifier.testing import RecordingReporter
 
 # -- Stop ---------------------------------------------------------------------------------------
 
@@ -221,3 +222,29 @@ async def test_a_hanging_component_is_not_restarted(mock_clock: trio.testing.Moc
         await trio.sleep(100)
         nursery.cancel_scope.cancel()
     assert component.runs == [0, 0.5]
+
+
+async def test_each_failure_after_started_goes_to_the_reporter_passed_in(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    component = Component("fail", "fail", "return")
+    reporter = RecordingReporter()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(supervise, reporter=reporter), "relay", component, Stop())
+    assert component.runs == [0, 0.5, 1.5]
+    assert [(r.summary, r.tags) for r in reporter.reports] == [
+        ("relay failed", {"component": "relay"}),
+        ("relay failed", {"component": "relay"}),
+    ]
+    assert all(
+        isinstance(r.exc, RuntimeError) and str(r.exc) == "lost it" for r in reporter.reports
+    )
+
+
+async def test_a_failure_before_started_is_not_reported(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    reporter = RecordingReporter()
+    with pytest.raises(RuntimeError, match="cannot start"):
+        await supervise("c", Component("fail early"), Stop(), reporter=reporter)
+    assert reporter.reports == []  # it fails the start-up instead, which the operator sees

@@ -42,9 +42,11 @@ from notifier.testing import (
     MemoryDeliveries,
     RecordingAdapter,
     RecordingReporter,
+    SettleRecorder,
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 
@@ -165,14 +167,6 @@ def worker_log() -> Iterator[io.StringIO]:
     logger.setLevel(level)
 
 
-class Settled:
-    def __init__(self) -> None:
-        self.settled: list[Settle] = []
-
-    def settle(self, delivery_tag: int, how: Settle) -> None:
-        self.settled.append(how)
-
-
 async def test_each_delivery_outcome_is_one_line_with_its_ids(worker_log: io.StringIO) -> None:
     message = worker_message(5, attempt=2)
     store = MemoryDeliveries()
@@ -180,9 +174,9 @@ async def test_each_delivery_outcome_is_one_line_with_its_ids(worker_log: io.Str
     adapter = RecordingAdapter("webhook", PermanentError("HTTP 404: gone", status_code=404))
     handler = Handler(
         store, adapter, MemoryBroker().publish, timeout_seconds=5, policy=RetryPolicy(),
-        reporter=RecordingReporter(),
+        observer=outcome_observers("webhook", reporter=RecordingReporter(), metrics=None),
     )  # fmt: skip
-    sink = Settled()
+    sink = SettleRecorder()
     incoming = Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)
     await handler.handle(incoming)
 

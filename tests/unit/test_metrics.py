@@ -26,9 +26,11 @@ from notifier.testing import (
     PacedAdapter,
     RecordingAdapter,
     RecordingReporter,
+    SettleRecorder,
     worker_message,
 )
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=(1, 5, 15, 30))
@@ -152,24 +154,18 @@ def test_broker_queues_are_the_main_queue_every_tier_and_the_dead_letter_queue()
 # -- the handler --------------------------------------------------------------------------------
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.settled: list[Settle] = []
-
-    def settle(self, delivery_tag: int, how: Settle) -> None:
-        self.settled.append(how)
-
-
 class Rig:
     def __init__(self, adapter: RecordingAdapter, store: MemoryDeliveries | None = None) -> None:
         self.metrics = Metrics()
         self.store = store or MemoryDeliveries()
         self.broker = MemoryBroker()
         self.broker.declare(build_topology(["webhook"], POLICY.tiers_seconds, "quorum"))
-        self.sink = Sink()
+        self.sink = SettleRecorder()
         self.handler = Handler(
             self.store, adapter, self.broker.publish, timeout_seconds=10, policy=POLICY,
-            reporter=RecordingReporter(), metrics=self.metrics,
+            observer=outcome_observers(
+                adapter.channel_type, reporter=RecordingReporter(), metrics=self.metrics
+            ),
         )  # fmt: skip
 
     async def handle(self, m: WorkerMessage) -> Settle:
@@ -277,10 +273,11 @@ async def test_a_duplicate_is_not_an_attempt() -> None:
 async def test_a_handler_without_metrics_still_handles() -> None:
     store = MemoryDeliveries()
     store.add(worker_message(1).delivery_id)
-    sink = Sink()
+    sink = SettleRecorder()
     handler = Handler(
         store, RecordingAdapter("webhook"), MemoryBroker().publish, timeout_seconds=10,
-        policy=POLICY, reporter=RecordingReporter(),
+        policy=POLICY,
+        observer=outcome_observers("webhook", reporter=RecordingReporter(), metrics=None),
     )  # fmt: skip
     await handler.handle(Incoming(encode_message(worker_message(1)), None, 1, False, sink))
     assert sink.settled == [Settle.ACK]

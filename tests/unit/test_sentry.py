@@ -16,8 +16,15 @@ from notifier.config import SentryConfig
 from notifier.errors import PermanentError
 from notifier.messages import WorkerMessage, encode_message
 from notifier.observability import SentryReporter, setup_sentry
-from notifier.testing import MemoryBroker, MemoryDeliveries, RecordingAdapter, worker_message
+from notifier.testing import (
+    MemoryBroker,
+    MemoryDeliveries,
+    RecordingAdapter,
+    SettleRecorder,
+    worker_message,
+)
 from notifier.worker.decide import RetryPolicy
+from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
 
 SECRET = "whsec_c2VjcmV0LXRoYXQtbXVzdC1uZXZlci1sZWF2ZQ=="
@@ -47,14 +54,6 @@ def test_without_a_dsn_sentry_stays_off() -> None:
     assert not sentry_sdk.get_client().is_active()
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.settled: list[Settle] = []
-
-    def settle(self, delivery_tag: int, how: Settle) -> None:
-        self.settled.append(how)
-
-
 async def handle_failing(step: Exception) -> tuple[WorkerMessage, list[Settle]]:
     """Handle one message (its config holds a secret, its payload a marker) with an adapter
     raising ``step``, reporting through the real Sentry SDK; return it and its settlement."""
@@ -66,9 +65,10 @@ async def handle_failing(step: Exception) -> tuple[WorkerMessage, list[Settle]]:
     store.add(message.delivery_id)
     handler = Handler(
         store, RecordingAdapter("webhook", step), MemoryBroker().publish, timeout_seconds=5,
-        policy=RetryPolicy(), reporter=SentryReporter(),
+        policy=RetryPolicy(),
+        observer=outcome_observers("webhook", reporter=SentryReporter(), metrics=None),
     )  # fmt: skip
-    sink = Sink()
+    sink = SettleRecorder()
     await handler.handle(
         Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)
     )

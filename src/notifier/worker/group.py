@@ -23,6 +23,13 @@ from notifier.observability import Reporter
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.handle import Handler
+from notifier.worker.observe import (
+    LogObserver,
+    MetricsObserver,
+    Observers,
+    OutcomeObserver,
+    SentryObserver,
+)
 
 log = logging.getLogger("notifier.worker")
 
@@ -45,6 +52,21 @@ async def worker_task(
             return
         with in_flight.track_inprogress() if in_flight is not None else nullcontext():
             await handler.handle(incoming)
+
+
+def outcome_observers(
+    channel_type: str, *, reporter: Reporter | None, metrics: Metrics | None
+) -> Observers:
+    """What the worker does with each outcome, in this order: count it in ``metrics`` (when the
+    process keeps them), write its ``notifier.worker`` line, report it to ``reporter`` (when
+    one is given) if it deserves a human's attention."""
+    observers: list[OutcomeObserver] = []
+    if metrics is not None:
+        observers.append(MetricsObserver(metrics, channel_type))
+    observers.append(LogObserver())
+    if reporter is not None:
+        observers.append(SentryObserver(reporter))
+    return Observers(*observers)
 
 
 def retry_policy(config: Config) -> RetryPolicy:
@@ -70,7 +92,8 @@ async def run_worker_group(
 
     Raise ``BrokerError`` when a connection or channel of the group is lost: the supervisor
     restarts the group, and its unacked messages have gone back to the queue with the channel.
-    Acknowledgements only ever travel on the channel that delivered the message.
+    Acknowledgements only ever travel on the channel that delivered the message. Each outcome
+    goes to ``metrics`` and ``reporter`` through ``outcome_observers``.
     """
     broker = config.broker
     topology = build_topology([channel_type], config.retry.tiers_seconds, broker.queue_type)
@@ -100,7 +123,8 @@ async def run_worker_group(
             publish = RepairingPublish(retries, publishing.declare, topology)
             handler = Handler(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
-                policy=retry_policy(config), reporter=reporter, metrics=metrics,
+                policy=retry_policy(config),
+                observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             lost = watch_closing(nursery, {

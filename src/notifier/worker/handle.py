@@ -6,7 +6,9 @@ and a settlement, and the worker task goes on with the next message. ``trio.Canc
 propagates (an unsettled message simply returns to the queue). What each outcome means is
 decided in ``decide``; this module only carries decisions out, in the order that keeps the
 at-least-once promise: a retry copy is confirmed by the broker before the attempt is recorded,
-and the attempt is recorded before the original is acked.
+and the attempt is recorded before the original is acked. What each message came to is told
+to an ``OutcomeObserver`` (``worker.observe``: metrics, the log line, Sentry), never reported
+from here directly.
 
 Every call of an adapter ends in an attempt row. When the retry copy cannot be published (after
 its route was declared again, see ``broker.repair``), the attempt is recorded all the same and
@@ -18,7 +20,6 @@ receiver is never called again without a backoff.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -32,10 +33,9 @@ from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
-from notifier.metrics import Metrics, seconds_between
-from notifier.observability import Reporter, SentryReporter
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
+from notifier.worker.observe import UNDECODABLE, Observers, Outcome, OutcomeObserver
 
 log = logging.getLogger("notifier.worker")
 
@@ -70,7 +70,7 @@ class Attempted(msgspec.Struct, kw_only=True):
     rate_limit_wait: float | None = None
     disable_channel: bool = False
     exc: BaseException | None = None
-    called: bool = True  # False: the adapter was not called (the channel is not enabled)
+    called: bool = True  # False: the adapter was not called (channel not enabled, rate limited)
 
 
 class Handler:
@@ -82,20 +82,19 @@ class Handler:
         *,
         timeout_seconds: float,
         policy: RetryPolicy,
-        reporter: Reporter | None = None,
-        metrics: Metrics | None = None,
+        observer: OutcomeObserver | None = None,
     ) -> None:
+        """``observer`` is told what each message came to (``worker.group.outcome_observers``
+        composes the metrics, the log line and Sentry); without one, nothing is told."""
         self._store = store
         self._adapter = adapter
         self._limiter = adapter if isinstance(adapter, RateLimiter) else None
         self._publish = publish
         self._timeout = timeout_seconds
         self._policy = policy
-        self._reporter = reporter or SentryReporter()
+        # an observer that raises is skipped: it never changes what happens to a message
+        self._observer = Observers(observer) if observer is not None else Observers()
         self._type = adapter.channel_type
-        self._metrics = metrics
-        if metrics is not None:
-            metrics.start_channel_type(self._type)
 
     async def handle(self, incoming: Incoming) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
@@ -103,7 +102,10 @@ class Handler:
         message: WorkerMessage | None = None
         try:
             message = self._decode(incoming)
-            settle = Settle.REJECT if message is None else await self._handle(message)
+            settle = (
+                Settle.REJECT if message is None
+                else await self._handle(message, incoming.message_id)
+            )  # fmt: skip
         except StoreError as exc:
             # Postgres is unreachable: we cannot know or record the state, so the message goes
             # back to the queue untouched, after a pause, and is tried again later.
@@ -114,16 +116,32 @@ class Handler:
             # A bug in the handler itself: DEAD with a panic row when the message decoded; the
             # message goes to the DLQ, the worker goes on.
             log.exception("message %s: handler failed; rejecting to the DLQ", incoming.message_id)
-            tags = {"channel_type": self._type, "message_id": str(incoming.message_id)}
-            if message is not None:
-                tags |= {"delivery_id": str(message.delivery_id), "attempt": str(message.attempt)}
-                await self._record_panic(message, exc)
-            self._reporter.report("worker handler failed", tags=tags, exc=exc)
+            error = f"handler raised {type(exc).__name__}: {exc}"
+            recorded = message is not None and await self._record_panic(message, error)
+            self._observe(
+                incoming.message_id, message, "panic", recorded=recorded, error=error, exc=exc,
+                status=None if message is None else "DEAD", handler_failed=True,
+            )  # fmt: skip
             settle = Settle.REJECT
         incoming.settle(settle)
 
+    def _observe(
+        self, message_id: str | None, message: WorkerMessage | None, outcome: str, *,
+        status: str | None = None, recorded: bool = False, duration_ms: int | None = None,
+        error: str | None = None, exc: BaseException | None = None,
+        handler_failed: bool = False,
+    ) -> None:  # fmt: skip
+        """Tell the observer what one message came to."""
+        self._observer.observe(
+            Outcome(
+                channel_type=self._type, message_id=message_id, message=message, outcome=outcome,
+                finished_at=datetime.now(UTC), status=status, recorded=recorded,
+                duration_ms=duration_ms, error=error, exc=exc, handler_failed=handler_failed,
+            )
+        )  # fmt: skip
+
     def _decode(self, incoming: Incoming) -> WorkerMessage | None:
-        """The message, or None (logged and reported) when the body cannot be decoded."""
+        """The message, or None (logged and observed) when the body cannot be decoded."""
         try:
             return decode_message(incoming.body)
         except msgspec.DecodeError as exc:
@@ -131,29 +149,26 @@ class Handler:
                 "message %s is undecodable; rejecting to the DLQ",
                 incoming.message_id, exc_info=exc,
             )  # fmt: skip
-            self._reporter.report(
-                "undecodable message",
-                tags={"channel_type": self._type, "message_id": str(incoming.message_id)},
-                exc=exc,
-            )
+            self._observe(incoming.message_id, None, UNDECODABLE, exc=exc)
             return None
 
-    async def _record_panic(self, message: WorkerMessage, exc: Exception) -> None:
+    async def _record_panic(self, message: WorkerMessage, error: str) -> bool:
         """The handler raised after decoding (DESIGN §5): the delivery is ``DEAD`` with a
-        ``panic`` attempt row, best effort (bounded, even while shutting down)."""
+        ``panic`` attempt row, best effort (bounded, even while shutting down); whether the
+        row was written."""
         record = AttemptRecord(
             delivery_id=message.delivery_id, attempt=message.attempt, status="DEAD",
-            outcome="panic", started_at=datetime.now(UTC), duration_ms=0,
-            error=f"handler raised {type(exc).__name__}: {exc}",
+            outcome="panic", started_at=datetime.now(UTC), duration_ms=0, error=error,
         )  # fmt: skip
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
             try:
                 await self._store.record_attempt(record)
-                self._count_attempt(message, "panic", "DEAD", None)
+                return True
             except Exception:
                 log.exception("delivery %s: recording the panic failed", message.delivery_id)
+        return False
 
-    async def _handle(self, message: WorkerMessage) -> Settle:
+    async def _handle(self, message: WorkerMessage, message_id: str | None) -> Settle:
         state = await self._store.delivery_state(message.delivery_id)
         if state is None or state.status in TERMINAL_STATUSES or state.attempt >= message.attempt:
             # Deleted, already finished, or a copy of an attempt that was already made.
@@ -163,7 +178,7 @@ class Handler:
             )  # fmt: skip
             return Settle.ACK
         started_at = datetime.now(UTC)
-        t0 = time.perf_counter()
+        t0 = trio.current_time()  # the system clock in production; a test may mock it
         if state.channel_state != "enabled":
             # A disabled or deleted channel is not attempted: the delivery ends DEAD saying
             # why, and can be replayed once the channel is enabled again.
@@ -174,7 +189,7 @@ class Handler:
             )  # fmt: skip
         else:
             attempted = await self._attempt(message)
-        duration_ms = int((time.perf_counter() - t0) * 1000)
+        duration_ms = int((trio.current_time() - t0) * 1000)
         now = datetime.now(UTC)
         if attempted.rate_limit_wait is not None:
             decision = decide_rate_limited(attempted.rate_limit_wait, policy=self._policy, now=now)
@@ -198,7 +213,7 @@ class Handler:
         )
         # The attempt happened: carry the decision out even while shutting down (bounded).
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
-            return await self._carry_out(message, decision, record, attempted)
+            return await self._carry_out(message, message_id, decision, record, attempted)
         log.warning(
             "delivery %s attempt %d: settling timed out; requeueing",
             message.delivery_id, message.attempt,
@@ -214,7 +229,7 @@ class Handler:
                 if wait is not None and wait > 0:
                     return Attempted(
                         result=Result.RETRIABLE, rate_limit_wait=wait,
-                        error=f"rate limited: wait {wait:.3g} s",
+                        error=f"rate limited: wait {wait:.3g} s", called=False,
                     )  # fmt: skip
             with trio.fail_after(self._timeout):
                 receipt = await self._adapter.deliver(message)
@@ -244,23 +259,6 @@ class Handler:
             response_excerpt=receipt.response_excerpt,
         )  # fmt: skip
 
-    def _count_attempt(
-        self, message: WorkerMessage, outcome: str, status: str | None, duration_ms: int | None
-    ) -> None:
-        """Metrics of an attempt that was recorded (in-process counters, no I/O).
-        ``duration_ms`` is None when no adapter call was made."""
-        m = self._metrics
-        if m is None:
-            return
-        m.delivery_attempts.labels(self._type, outcome).inc()
-        if duration_ms is not None and outcome != "rate_limited":  # rate limited: no call
-            m.delivery_attempt_duration.labels(self._type).observe(duration_ms / 1000)
-        if status == "DEAD":
-            m.deliveries_dead.labels(self._type).inc()
-        elif status == "DELIVERED":
-            latency = seconds_between(message.created_at, datetime.now(UTC))
-            m.delivery_latency.labels(self._type).observe(latency)
-
     async def _publish_retry(self, out: Outgoing) -> tuple[Confirm, str]:
         """Publish a retry copy, bounded so that the record after it keeps its time; the
         confirm, and what to log when it is not ``CONFIRMED``."""
@@ -273,8 +271,8 @@ class Handler:
         return Confirm.UNCONFIRMED, f"no confirm in {RETRY_PUBLISH_TIMEOUT_SECONDS:g} s"
 
     async def _carry_out(
-        self, message: WorkerMessage, decision: Decision, record: AttemptRecord,
-        attempted: Attempted,
+        self, message: WorkerMessage, message_id: str | None, decision: Decision,
+        record: AttemptRecord, attempted: Attempted,
     ) -> Settle:  # fmt: skip
         """Retry copy first (confirmed), then the record, then the settlement of the original."""
         if decision.retry_tier is not None:
@@ -295,6 +293,14 @@ class Handler:
                     message.delivery_id, message.attempt, queue, why,
                     extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
                 )  # fmt: skip
+
+        def observe(recorded: bool) -> None:
+            self._observe(
+                message_id, message, decision.outcome, status=decision.status,
+                recorded=recorded, duration_ms=record.duration_ms if attempted.called else None,
+                error=attempted.error, exc=attempted.exc,
+            )  # fmt: skip
+
         try:
             await self._store.record_attempt(record)
         except StoreError as exc:
@@ -302,35 +308,7 @@ class Handler:
                 "delivery %s attempt %d: %s, but recording it failed (%r); requeueing",
                 message.delivery_id, message.attempt, decision.outcome, exc,
             )  # fmt: skip
+            observe(recorded=False)
             return Settle.REQUEUE
-        duration_ms = record.duration_ms if attempted.called else None
-        self._count_attempt(message, decision.outcome, decision.status, duration_ms)
-        log.info(
-            "delivery %s attempt %d: %s%s", message.delivery_id, message.attempt,
-            decision.outcome, f" ({attempted.error})" if attempted.error else "",
-            extra={
-                "delivery_id": str(message.delivery_id),
-                "event_id": str(message.event_id),
-                "channel_id": str(message.channel_id),
-                "tenant_id": str(message.tenant_id),
-                "channel_type": message.channel_type,
-                "attempt": message.attempt,
-                "outcome": decision.outcome,
-            },
-        )  # fmt: skip
-        if decision.status == "DEAD":
-            self._reporter.report(
-                f"delivery dead: {attempted.error}" if decision.outcome == "dead"
-                else "adapter raised; delivery dead",
-                tags={
-                    "delivery_id": str(message.delivery_id),
-                    "event_id": str(message.event_id),
-                    "channel_id": str(message.channel_id),
-                    "tenant_id": str(message.tenant_id),
-                    "channel_type": message.channel_type,
-                    "attempt": str(message.attempt),
-                    "outcome": decision.outcome,
-                },
-                exc=attempted.exc,
-            )  # fmt: skip
+        observe(recorded=True)
         return decision.settle
