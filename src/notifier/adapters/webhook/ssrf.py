@@ -195,6 +195,11 @@ def dial_host(url: httpx.URL) -> str:
     return url.raw_host.decode("ascii")
 
 
+def default_port(url: httpx.URL) -> int:
+    """The port a request to ``url`` connects to."""
+    return url.port or (443 if url.scheme == "https" else 80)
+
+
 def validate_url(
     url: str, *, allow_private_networks: bool, allowed_cidrs: Iterable[str | IPNetwork] = ()
 ) -> None:
