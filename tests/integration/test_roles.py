@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.integration.conftest import create_tenant, poll
+from tests.integration.conftest import create_tenant
 from tests.integration.test_cli import notifier
-from tests.integration.test_shutdown import free_port
+from tests.integration.test_shutdown import free_port, read_log, wait_ready
 
 SECRET_VARS = ("NOTIFIER_SMTP_PASSWORD", "NOTIFIER_TELEGRAM_TOKEN")
 
@@ -51,26 +51,6 @@ def environment() -> dict[str, str]:
     return env
 
 
-def output(log: Path) -> str:
-    return log.read_text(errors="replace")
-
-
-async def wait_listening(process: trio.Process, base: str, log: Path) -> None:
-    """Return once the API answers; fail at once (with the log) if the process exits first."""
-    async with httpx.AsyncClient(base_url=base) as client:
-
-        async def ready() -> bool:
-            if process.returncode is not None:
-                raise AssertionError(f"notifier exited {process.returncode}:\n{output(log)}")
-            try:
-                return (await client.get("/healthz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        with trio.fail_after(30):
-            await poll(ready)
-
-
 async def test_the_ingest_role_starts_without_the_adapters_secrets(
     tmp_path: Path, database_url: str, broker_url: str
 ) -> None:
@@ -85,7 +65,7 @@ async def test_the_ingest_role_starts_without_the_adapters_secrets(
             stdout=out, stderr=subprocess.STDOUT, env=environment(),
         )  # fmt: skip
     try:
-        await wait_listening(process, base, log)
+        await wait_ready(base, process, log)
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as api:
             event = await api.post("/v1/events", json={"type": "order.created", "payload": {}})
@@ -106,7 +86,7 @@ async def test_the_ingest_role_starts_without_the_adapters_secrets(
         process.terminate()  # SIGTERM: a graceful stop
         with trio.fail_after(30):
             await process.wait()
-    assert process.returncode == 0, output(log)
+    assert process.returncode == 0, read_log(log)
 
 
 def test_the_workers_role_without_a_secret_fails_the_start_naming_key_and_variable(
