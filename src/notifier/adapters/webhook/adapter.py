@@ -13,7 +13,6 @@ certificate verification are all for the hostname.
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -28,9 +27,9 @@ from notifier.adapters.webhook.answers import classify, transport_error
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (
+    NetworkRules,
     Resolver,
     blocked_message,
-    check_address,
     default_port,
     dial_host,
     literal_address,
@@ -60,10 +59,9 @@ class WebhookAdapter:
     ) -> None:
         """``resolver``, ``network_backend`` (what ``PinnedBackend`` dials through) and
         ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
-        self._timeout = timeout_seconds
-        self._allow_private = allow_private_networks
-        self._allowed = tuple(ipaddress.ip_network(c) for c in allowed_cidrs)
-        self._resolver = resolver
+        self._rules = NetworkRules.of(
+            timeout_seconds, allow_private_networks, allowed_cidrs, resolver
+        )
         self._backend = network_backend
         self._ssl_context = ssl_context
         self._clock = clock
@@ -84,15 +82,14 @@ class WebhookAdapter:
         else:
             addresses = await self._resolve(host, port)
         for ip in addresses:
-            reason = check_address(ip, self._allow_private, self._allowed)
+            reason = self._rules.check(ip)
             if reason is not None:
                 raise PermanentError(blocked_message(host, ip, reason, resolved=literal is None))
         return addresses
 
     async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
         try:
-            with trio.fail_after(self._timeout):
-                addresses = tuple(await self._resolver(host, port))
+            addresses = await self._rules.resolve(host, port)
         except trio.TooSlowError as exc:
             raise RetriableError(f"could not resolve {host}: timed out") from exc
         except OSError as exc:
@@ -147,7 +144,7 @@ class WebhookAdapter:
             network_backend=self._backend, ssl_context=self._ssl_context,
             max_body_bytes=READ_LIMIT_BYTES,
         )  # fmt: skip
-        return new_client(self._timeout, transport)
+        return new_client(self._rules.timeout_seconds, transport)
 
     async def aclose(self) -> None:
         await self._clients.aclose()

@@ -5,7 +5,6 @@ builds it; the deliverer is ``adapter.WebhookAdapter``."""
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,9 +23,9 @@ from notifier.adapters.webhook.signing import (
     secret_bytes,
 )
 from notifier.adapters.webhook.ssrf import (
+    NetworkRules,
     Resolver,
     blocked_message,
-    check_address,
     default_port,
     dial_host,
     literal_address,
@@ -62,11 +61,10 @@ class WebhookChannels:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``resolver`` is for tests and embedding; ``clock`` gives epoch seconds."""
-        self._timeout = timeout_seconds
-        self._allow_private = allow_private_networks
-        self._allowed = tuple(ipaddress.ip_network(c) for c in allowed_cidrs)
+        self._rules = NetworkRules.of(
+            timeout_seconds, allow_private_networks, allowed_cidrs, resolver
+        )
         self._grace = secret_rotation_grace_seconds
-        self._resolver = resolver
         self._clock = clock
 
     def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +72,8 @@ class WebhookChannels:
             cfg = msgspec.convert(config, WebhookConfig)
         except msgspec.ValidationError as exc:
             raise InvalidChannelConfig(*describe(exc, "config")) from exc
-        validate_url(cfg.url, allow_private_networks=self._allow_private,
-                     allowed_cidrs=self._allowed)  # fmt: skip
+        validate_url(cfg.url, allow_private_networks=self._rules.allow_private_networks,
+                     allowed_cidrs=self._rules.allowed)  # fmt: skip
         if (problem := headers_problem(cfg.headers)) is not None:
             raise InvalidChannelConfig(*problem)
         secret = cfg.secret
@@ -120,18 +118,17 @@ class WebhookChannels:
         """At channel create/patch: refuse a host that resolves to a blocked address now. A
         host that does not resolve is accepted (its DNS may not be set up yet); every delivery
         resolves again and fails closed."""
-        if self._allow_private:
+        if self._rules.allow_private_networks:
             return
         url = httpx.URL(config["url"])
         host = dial_host(url)
         if literal_address(host) is not None:
             return  # checked by validate_url already
         try:
-            with trio.fail_after(self._timeout):
-                addresses = await self._resolver(host, default_port(url))
+            addresses = await self._rules.resolve(host, default_port(url))
         except (OSError, trio.TooSlowError):
             return
         for ip in addresses:
-            reason = check_address(ip, False, self._allowed)
+            reason = self._rules.check(ip)
             if reason is not None:
                 raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason))
