@@ -10,8 +10,9 @@ from collections.abc import Iterable, Mapping
 
 import trio
 
-from notifier.adapters.base import Adapter
+from notifier.adapters.base import Adapter, ChannelValidator
 from notifier.adapters.registry import build_adapters
+from notifier.adapters.specs import build_validators
 from notifier.broker import amqp
 from notifier.broker.topology import build_topology
 from notifier.config import Config
@@ -61,6 +62,7 @@ async def run(
     *,
     stop: Stop | None = None,
     adapters: Mapping[str, Adapter] | None = None,
+    validators: Mapping[str, ChannelValidator] | None = None,
     reporter: Reporter | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -69,15 +71,26 @@ async def run(
     Children start in pipeline order with ``nursery.start``, so a component that cannot start
     (port taken, broker refusing the topology) fails the start-up before the next one starts.
     ``task_status`` receives the ingest server's bound addresses (empty without ingest).
-    ``adapters`` replaces the registry's adapters (by channel type; tests pass fakes), and
-    ``reporter`` the Sentry reporter that every supervisor and worker group reports to.
+    ``adapters`` replaces the registry's deliverers (by channel type; tests pass fakes; one
+    that also validates configs, like ``notifier.testing.RecordingAdapter``, replaces its type's
+    validator too), ``validators`` the specs' validators, and ``reporter`` the Sentry reporter
+    that every supervisor and worker group reports to.
+
+    Deliverers, which read the adapters' secrets from the environment, are built only for the
+    ``workers`` role; the API validates channel configs with the specs' validators.
     """
     roles = set(roles)
     stop = stop or Stop()
     reporter = reporter if reporter is not None else SentryReporter()
     supervised = functools.partial(supervise, reporter=reporter)
-    built = build_adapters(config)
-    adapters = {**built, **(adapters or {})}
+    overrides = dict(adapters or {})
+    validators = {
+        **build_validators(config),
+        **{t: a for t, a in overrides.items() if isinstance(a, ChannelValidator)},
+        **(validators or {}),
+    }
+    built = build_adapters(config) if "workers" in roles else {}
+    adapters = {**built, **overrides}
     grace = config.service.shutdown_grace_seconds
     db = config.database
     metrics = Metrics()  # this process's; /metrics serves it where ingest runs
@@ -93,7 +106,7 @@ async def run(
             async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:
                     app = create_app(
-                        store, config, adapters,
+                        store, config, validators,
                         check_broker=functools.partial(amqp.probe, config.broker.url),
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),

@@ -212,7 +212,7 @@ async def run_notifier(
     config: Config, roles: tuple[str, ...] = service.ROLES, **options: Any
 ) -> AsyncIterator[Running]:
     """Run notifier in this process; stop it gracefully on exit. ``options`` go to
-    ``service.run`` (``adapters=``, ``reporter=``)."""
+    ``service.run`` (``adapters=``, ``validators=``, ``reporter=``)."""
     stop = Stop()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(

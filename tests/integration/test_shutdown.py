@@ -63,10 +63,20 @@ async def start_notifier(config_path: Path, log: Path) -> trio.Process:
         )
 
 
-async def wait_ready(base: str) -> None:
+def read_log(log: Path | None) -> str:
+    return log.read_text(errors="replace") if log else ""
+
+
+async def wait_ready(
+    base: str, process: trio.Process | None = None, log: Path | None = None
+) -> None:
+    """Return once ``/healthz`` answers 200; fail at once (showing ``log``) if ``process``
+    exits first."""
     async with httpx.AsyncClient(base_url=base) as client:
 
         async def healthy() -> bool:
+            if process is not None and process.returncode is not None:
+                raise AssertionError(f"notifier exited {process.returncode}:\n{read_log(log)}")
             try:
                 return (await client.get("/healthz")).status_code == 200
             except httpx.TransportError:

@@ -26,7 +26,7 @@ import pytest
 import standardwebhooks
 import trio
 
-from notifier.adapters.webhook import WebhookAdapter, generate_secret
+from notifier.adapters.webhook import WebhookAdapter, WebhookChannels, generate_secret
 from notifier.config import Config
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
@@ -48,8 +48,9 @@ pytestmark = pytest.mark.integration
 
 
 class FakeDns:
-    """A resolver for ``WebhookAdapter(resolver=...)``: answers from ``records`` (change them
-    between calls to rebind a name), records every query, fails for unknown names."""
+    """A resolver for ``WebhookAdapter(resolver=...)`` and ``WebhookChannels(resolver=...)``:
+    answers from ``records`` (change them between calls to rebind a name), records every query,
+    fails for unknown names."""
 
     def __init__(self, records: dict[str, Sequence[str]] | None = None) -> None:
         self.records = dict(records or {})
@@ -268,10 +269,13 @@ async def test_dns_that_rebinds_to_a_blocked_address_is_refused_at_delivery(
     adapter = WebhookAdapter(
         timeout_seconds=5, allow_private_networks=False, resolver=dns, network_backend=backend
     )
+    validator = WebhookChannels(timeout_seconds=5, allow_private_networks=False, resolver=dns)
     key = await create_tenant(database_url)
     async with (
         open_sink() as sink,
-        run_notifier(config, adapters={"webhook": adapter}) as running,
+        run_notifier(
+            config, adapters={"webhook": adapter}, validators={"webhook": validator}
+        ) as running,
         running.client(key) as api,
     ):
         url = f"http://hook.example:{sink.port}/hook"
@@ -300,9 +304,9 @@ async def test_a_host_resolving_to_a_blocked_address_is_refused_at_create(
             "public.example": ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"],
         }
     )
-    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=False, resolver=dns)
+    validator = WebhookChannels(timeout_seconds=5, allow_private_networks=False, resolver=dns)
     key = await create_tenant(database_url)
-    ingest = run_notifier(config, ("ingest",), adapters={"webhook": adapter})
+    ingest = run_notifier(config, ("ingest",), validators={"webhook": validator})
     async with ingest as running, running.client(key) as api:
         for host, address in [
             ("internal.example", "10.0.0.7"),

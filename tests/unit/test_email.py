@@ -38,6 +38,7 @@ from notifier.adapters.email import (
     EXCERPT_CHARS,
     MAX_RECIPIENTS,
     EmailAdapter,
+    EmailChannels,
     EmailConfig,
     build_message,
     classify_error,
@@ -70,6 +71,10 @@ def message(channel_config: dict[str, Any] | None = None, **changes: Any) -> Wor
 
 def adapter(**settings: Any) -> EmailAdapter:
     return EmailAdapter(EmailWorkersConfig(**{"from_address": FROM, **settings}))
+
+
+def channels() -> EmailChannels:
+    return EmailChannels(EmailWorkersConfig(from_address=FROM))
 
 
 def build(channel_config: dict[str, Any], **changes: Any) -> EmailMessage:
@@ -118,7 +123,7 @@ def wire(msg: EmailMessage) -> EmailMessage:
     ],
 )  # fmt: skip
 def test_a_good_config_is_prepared(config: dict[str, Any], prepared: dict[str, Any]) -> None:
-    assert adapter().prepare_config(config) == prepared
+    assert channels().prepare_config(config) == prepared
 
 
 @pytest.mark.parametrize(
@@ -170,14 +175,13 @@ def test_a_bad_config_is_refused_naming_the_field(
     config: dict[str, Any], field: str, problem: str
 ) -> None:
     with pytest.raises(InvalidChannelConfig) as info:
-        adapter().prepare_config(config)
+        channels().prepare_config(config)
     assert info.value.field == field
     assert problem in info.value.message
 
 
 def test_nothing_in_the_channel_config_is_secret() -> None:
-    a = adapter()
-    assert (a.channel_type, a.secret_fields) == ("email", frozenset())
+    assert (adapter().channel_type, channels().secret_fields) == ("email", frozenset())
 
 
 # -- the message --------------------------------------------------------------------------------
@@ -429,6 +433,8 @@ def test_without_a_login_no_password_is_needed() -> None:
 def test_a_from_address_that_cannot_be_a_header_is_a_config_error(from_address: str) -> None:
     with pytest.raises(ConfigError, match=r"^workers.email.from: "):
         EmailAdapter.from_config(workers(**{"from": from_address}), {})
+    with pytest.raises(ConfigError, match=r"^workers.email.from: "):  # in every role
+        EmailChannels(workers(**{"from": from_address}))
 
 
 def test_the_registry_builds_the_email_adapter_when_it_is_enabled() -> None:

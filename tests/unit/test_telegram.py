@@ -23,6 +23,7 @@ from notifier.adapters.telegram import (
     MAX_TEXT_UNITS,
     TelegramAdapter,
     TelegramAdapterCrash,
+    TelegramChannels,
     build_request,
     build_text,
     chat_key,
@@ -78,10 +79,8 @@ def adapter() -> TelegramAdapter:
         ({"chat_id": 1, "text_template": None}, {"chat_id": 1}),
     ],
 )
-def test_prepare_config_accepts(
-    adapter: TelegramAdapter, config: dict[str, Any], prepared: dict[str, Any]
-) -> None:
-    assert adapter.prepare_config(config) == prepared
+def test_prepare_config_accepts(config: dict[str, Any], prepared: dict[str, Any]) -> None:
+    assert TelegramChannels().prepare_config(config) == prepared
 
 
 @pytest.mark.parametrize(
@@ -108,10 +107,10 @@ def test_prepare_config_accepts(
     ],
 )
 def test_prepare_config_refuses_naming_the_field(
-    adapter: TelegramAdapter, config: dict[str, Any], field: str, says: str
+    config: dict[str, Any], field: str, says: str
 ) -> None:
     with pytest.raises(InvalidChannelConfig) as info:
-        adapter.prepare_config(config)
+        TelegramChannels().prepare_config(config)
     assert info.value.field == field
     assert says in info.value.message
     assert str(info.value).startswith(f"{field}: ")
@@ -119,7 +118,7 @@ def test_prepare_config_refuses_naming_the_field(
 
 def test_the_adapter_has_no_secret_config_fields(adapter: TelegramAdapter) -> None:
     assert adapter.channel_type == "telegram"
-    assert adapter.secret_fields == frozenset()
+    assert TelegramChannels.secret_fields == frozenset()
 
 
 # -- text ---------------------------------------------------------------------------------------

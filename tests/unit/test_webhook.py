@@ -18,7 +18,7 @@ import pytest
 import standardwebhooks
 
 from notifier.adapters.base import (
-    Adapter,
+    ChannelValidator,
     ChecksDestination,
     InvalidChannelConfig,
     Receipt,
@@ -27,6 +27,7 @@ from notifier.adapters.base import (
 )
 from notifier.adapters.webhook import (
     WebhookAdapter,
+    WebhookChannels,
     build_request,
     check_address,
     classify,
@@ -314,17 +315,17 @@ def test_allowing_private_networks_does_not_allow_everything(url: str) -> None:
 
 
 @pytest.fixture
-def adapter() -> WebhookAdapter:
-    return WebhookAdapter(timeout_seconds=5, allow_private_networks=False)
+def adapter() -> WebhookChannels:
+    return WebhookChannels(timeout_seconds=5, allow_private_networks=False)
 
 
-def refused(adapter: WebhookAdapter, config: dict[str, Any]) -> InvalidChannelConfig:
+def refused(adapter: WebhookChannels, config: dict[str, Any]) -> InvalidChannelConfig:
     with pytest.raises(InvalidChannelConfig) as info:
         adapter.prepare_config(config)
     return info.value
 
 
-def test_prepare_config_fills_in_defaults(adapter: WebhookAdapter) -> None:
+def test_prepare_config_fills_in_defaults(adapter: WebhookChannels) -> None:
     cfg = adapter.prepare_config({"url": "https://example.com/hook"})
     assert cfg["url"] == "https://example.com/hook"
     assert cfg["headers"] == {}
@@ -339,7 +340,7 @@ def test_a_generated_secret_is_whsec_and_base64_of_32_bytes(adapter: WebhookAdap
     assert again != secret
 
 
-def test_a_good_given_secret_is_kept(adapter: WebhookAdapter) -> None:
+def test_a_good_given_secret_is_kept(adapter: WebhookChannels) -> None:
     cfg = adapter.prepare_config({"url": "https://example.com/hook", "secret": SECRET})
     assert cfg["secret"] == SECRET
 
@@ -355,12 +356,12 @@ def test_a_good_given_secret_is_kept(adapter: WebhookAdapter) -> None:
         "whsec_",  # empty
     ],
 )
-def test_a_bad_given_secret_is_refused(adapter: WebhookAdapter, secret: str) -> None:
+def test_a_bad_given_secret_is_refused(adapter: WebhookChannels, secret: str) -> None:
     error = refused(adapter, {"url": "https://example.com/hook", "secret": secret})
     assert error.field == "config.secret"
 
 
-def test_user_headers_are_kept(adapter: WebhookAdapter) -> None:
+def test_user_headers_are_kept(adapter: WebhookChannels) -> None:
     cfg = adapter.prepare_config(
         {"url": "https://example.com/hook", "headers": {"Authorization": "Bearer x", "X-A": "b"}}
     )
@@ -381,15 +382,15 @@ def test_user_headers_are_kept(adapter: WebhookAdapter) -> None:
         "connection",
     ],
 )
-def test_reserved_header_names_are_refused(adapter: WebhookAdapter, name: str) -> None:
+def test_reserved_header_names_are_refused(adapter: WebhookChannels, name: str) -> None:
     error = refused(adapter, {"url": "https://example.com/hook", "headers": {name: "x"}})
     assert error.field == f"config.headers.{name}"
 
 
 def test_a_private_url_is_refused_unless_allowed() -> None:
-    strict = WebhookAdapter(timeout_seconds=5, allow_private_networks=False)
+    strict = WebhookChannels(timeout_seconds=5, allow_private_networks=False)
     assert refused(strict, {"url": "http://10.0.0.1/hook"}).field == "config.url"
-    lenient = WebhookAdapter(timeout_seconds=5, allow_private_networks=True)
+    lenient = WebhookChannels(timeout_seconds=5, allow_private_networks=True)
     assert lenient.prepare_config({"url": "http://10.0.0.1/hook"})["url"] == "http://10.0.0.1/hook"
 
 
@@ -402,7 +403,7 @@ def test_a_private_url_is_refused_unless_allowed() -> None:
     ],
 )
 def test_a_malformed_config_is_refused_and_the_message_names_the_key(
-    adapter: WebhookAdapter, config: dict[str, Any], key: str
+    adapter: WebhookChannels, config: dict[str, Any], key: str
 ) -> None:
     error = refused(adapter, config)
     assert key in str(error)
@@ -418,7 +419,7 @@ def test_a_malformed_config_is_refused_and_the_message_names_the_key(
     ids=["missing-url", "unknown-key", "wrong-type"],
 )
 def test_a_malformed_config_error_field_names_the_key(
-    adapter: WebhookAdapter, config: dict[str, Any], field: str
+    adapter: WebhookChannels, config: dict[str, Any], field: str
 ) -> None:
     # InvalidChannelConfig: "``field`` names the offending key (e.g. ``config.url``)"
     assert refused(adapter, config).field == field
@@ -530,15 +531,15 @@ def test_without_a_grace_period_a_replaced_secret_stops_at_once() -> None:
     assert rotate_secret({"secret": OLD}, NEW, now=NOW, grace_seconds=0) == {}
 
 
-def rotating_adapter(grace: float = 60) -> WebhookAdapter:
-    return WebhookAdapter(
+def rotating_adapter(grace: float = 60) -> WebhookChannels:
+    return WebhookChannels(
         timeout_seconds=5, allow_private_networks=False, secret_rotation_grace_seconds=grace,
         clock=lambda: float(NOW),
     )  # fmt: skip
 
 
 def test_the_webhook_adapter_takes_part_in_patches_and_destination_checks() -> None:
-    adapter: Adapter = rotating_adapter()
+    adapter: ChannelValidator = rotating_adapter()
     assert isinstance(adapter, UpdatesConfig)
     assert isinstance(adapter, ChecksDestination)
     assert {"secret", "previous_secret", "previous_secret_expires_at"} <= adapter.secret_fields
@@ -867,6 +868,6 @@ def test_allowed_cidrs_open_a_literal_at_create() -> None:
     with pytest.raises(InvalidChannelConfig):
         validate_url("http://10.0.0.5/hook", allow_private_networks=False,
                      allowed_cidrs=["10.0.1.0/24"])  # fmt: skip
-    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=False,
-                             allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
+    adapter = WebhookChannels(timeout_seconds=5, allow_private_networks=False,
+                              allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
     assert adapter.prepare_config({"url": "http://10.0.0.5/hook"})["url"] == "http://10.0.0.5/hook"

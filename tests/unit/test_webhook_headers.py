@@ -21,6 +21,7 @@ from notifier.adapters.base import InvalidChannelConfig
 from notifier.adapters.webhook import (
     WebhookAdapter,
     WebhookAdapterCrash,
+    WebhookChannels,
     header_field,
     header_problem,
     request_secrets,
@@ -91,11 +92,11 @@ VALID = [
 ]
 
 
-def create(adapter: WebhookAdapter, headers: dict[str, str]) -> dict[str, Any]:
+def create(adapter: WebhookChannels, headers: dict[str, str]) -> dict[str, Any]:
     return adapter.prepare_config({"url": URL, "headers": headers})
 
 
-def patch(adapter: WebhookAdapter, headers: dict[str, str]) -> dict[str, Any]:
+def patch(adapter: WebhookChannels, headers: dict[str, str]) -> dict[str, Any]:
     previous = create(adapter, {})
     return adapter.prepare_config_update(
         {"url": URL, "secret": previous["secret"], "headers": headers}, previous
@@ -103,14 +104,14 @@ def patch(adapter: WebhookAdapter, headers: dict[str, str]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def adapter() -> WebhookAdapter:
-    return WebhookAdapter(timeout_seconds=5, allow_private_networks=False)
+def adapter() -> WebhookChannels:
+    return WebhookChannels(timeout_seconds=5, allow_private_networks=False)
 
 
 @pytest.mark.parametrize("prepare", [create, patch])
 @pytest.mark.parametrize("name", INVALID_NAMES.values(), ids=INVALID_NAMES.keys())
 def test_a_name_that_is_not_a_token_is_refused(
-    adapter: WebhookAdapter, prepare: Any, name: str
+    adapter: WebhookChannels, prepare: Any, name: str
 ) -> None:
     with pytest.raises(InvalidChannelConfig) as info:
         prepare(adapter, {"X-Fine": "ok", name: TOKEN})
@@ -123,7 +124,7 @@ def test_a_name_that_is_not_a_token_is_refused(
 @pytest.mark.parametrize("prepare", [create, patch])
 @pytest.mark.parametrize("value", INVALID_VALUES.values(), ids=INVALID_VALUES.keys())
 def test_a_value_that_cannot_be_sent_as_it_is_is_refused(
-    adapter: WebhookAdapter, prepare: Any, value: str
+    adapter: WebhookChannels, prepare: Any, value: str
 ) -> None:
     with pytest.raises(InvalidChannelConfig) as info:
         prepare(adapter, {"X-Fine": "ok", "X-Api-Token": value})
@@ -142,7 +143,7 @@ def test_a_token_name_is_shown_as_it_is_and_any_other_escaped() -> None:
 
 @pytest.mark.parametrize(("name", "value"), VALID)
 def test_what_the_rule_accepts_every_http_stack_on_the_way_sends(
-    adapter: WebhookAdapter, name: str, value: str
+    adapter: WebhookChannels, name: str, value: str
 ) -> None:
     assert header_problem(name, value) is None
     assert create(adapter, {name: value})["headers"] == {name: value}

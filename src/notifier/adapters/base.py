@@ -1,4 +1,6 @@
-"""The adapter contract (DESIGN §7): validate channel config, deliver one message."""
+"""The channel contracts (DESIGN §7): a ``ChannelValidator`` checks a channel's config at create
+and PATCH (no secrets, built in every role that serves the API); an ``Adapter`` delivers one
+message (the deliverer: it holds the secrets and the connections, built only for workers)."""
 
 from __future__ import annotations
 
@@ -25,14 +27,20 @@ class Receipt(msgspec.Struct, frozen=True):
     response_excerpt: str | None = None
 
 
-class Adapter(Protocol):
-    channel_type: str
+@runtime_checkable
+class ChannelValidator(Protocol):
     secret_fields: frozenset[str]  # config keys never shown after creation, kept across PATCH
 
     def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate a channel config at create/patch and fill in defaults (e.g. a generated
         secret). Raise ``InvalidChannelConfig`` naming the field."""
         ...
+
+
+class Adapter(Protocol):
+    """A deliverer: the I/O of one channel type."""
+
+    channel_type: str
 
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         """Deliver once. Raise ``RetriableError`` or ``PermanentError`` on failure."""
@@ -43,7 +51,7 @@ class Adapter(Protocol):
 
 @runtime_checkable
 class UpdatesConfig(Protocol):
-    """Optional: an adapter whose PATCH needs the stored config (e.g. a webhook secret rotation
+    """Optional: a validator whose PATCH needs the stored config (e.g. a webhook secret rotation
     keeps the replaced secret). Without it, a PATCH calls ``prepare_config`` alone."""
 
     def prepare_config_update(
@@ -71,7 +79,7 @@ class RateLimiter(Protocol):
         ...
 
 
-def public_config(adapter: Adapter | None, config: dict[str, Any]) -> dict[str, Any]:
+def public_config(validator: ChannelValidator | None, config: dict[str, Any]) -> dict[str, Any]:
     """The config as the API shows it after creation: secret fields left out."""
-    hidden = adapter.secret_fields if adapter else frozenset({"secret"})
+    hidden = validator.secret_fields if validator else frozenset({"secret"})
     return {k: v for k, v in config.items() if k not in hidden}

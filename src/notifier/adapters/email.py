@@ -1,8 +1,9 @@
 """Email adapter: one SMTP transaction per delivery, through aiosmtplib on the bridge.
 
-The pure parts (``parse_config``, ``build_message``, ``classify_error``, ``receipt``) are kept
-apart from the thin I/O in ``EmailAdapter.deliver``, so they are tested as tables without
-sockets. This is the only aiosmtplib code.
+A channel's config is validated by ``EmailChannels`` (no secret needed); ``EmailAdapter``
+delivers. The pure parts (``parse_config``, ``build_message``, ``classify_error``,
+``receipt``) are kept apart from the thin I/O in ``EmailAdapter.deliver``, so they are tested
+as tables without sockets. This is the only aiosmtplib code.
 
 Anything that becomes a header (``to``, the rendered subject, ``from``) must not hold CR, LF or
 NUL: refused with 422 at channel create, a ``PermanentError`` at delivery, a ``ConfigError`` for
@@ -35,6 +36,7 @@ from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
 from notifier.validation import describe
 
+EXAMPLE = {"to": "ops@example.com"}
 MAX_RECIPIENTS = 50
 MAX_SUBJECT_CHARS = 998  # one header line (RFC 5322 §2.1.1); longer ones are folded anyway
 EXCERPT_CHARS = 512
@@ -233,9 +235,29 @@ def _check_from(from_address: str) -> None:
         raise ConfigError(f"workers.email.from: {from_address!r} {problem}")
 
 
-class EmailAdapter:
-    channel_type = "email"
+class EmailChannels:
+    """The ``ChannelValidator`` of email channels. Built in every role: it needs no password,
+    and refuses a ``[workers.email] from`` that could not head a message."""
+
     secret_fields: frozenset[str] = frozenset()  # nothing secret in an email channel's config
+
+    def __init__(self, settings: EmailWorkersConfig) -> None:
+        _check_from(settings.from_address)
+
+    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        cfg = parse_config(config)
+        out: dict[str, Any] = {"to": cfg.to}
+        if cfg.subject_template is not None:
+            out["subject_template"] = cfg.subject_template
+        if cfg.body_template is not None:
+            out["body_template"] = cfg.body_template
+        return out
+
+
+class EmailAdapter:
+    """The email deliverer: holds the SMTP password."""
+
+    channel_type = "email"
 
     def __init__(
         self,
@@ -271,15 +293,6 @@ class EmailAdapter:
     def __repr__(self) -> str:  # never the password
         s = self._settings
         return f"EmailAdapter(smtp={s.smtp_host}:{s.smtp_port}, security={s.smtp_security})"
-
-    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        cfg = parse_config(config)
-        out: dict[str, Any] = {"to": cfg.to}
-        if cfg.subject_template is not None:
-            out["subject_template"] = cfg.subject_template
-        if cfg.body_template is not None:
-            out["body_template"] = cfg.body_template
-        return out
 
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         """Trio-flavoured. Send one email; ``RetriableError``/``PermanentError`` on failure."""

@@ -1,6 +1,7 @@
 """Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot.
 
-Pure parts (``prepare_chat_id``, ``build_text``, ``build_request``, ``classify``,
+A channel's config is validated by ``telegram_channels.TelegramChannels`` (no token needed).
+Pure parts (``build_text``, ``build_request``, ``classify``,
 ``transport_error``, ``scrub``) are separate from the thin httpx I/O in ``deliver`` so they are
 tested as tables without sockets.
 
@@ -36,24 +37,32 @@ import trio
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.adapters.http import BoundedTransport, ClientPool, new_client
 from notifier.adapters.ratelimit import RateLimits
-from notifier.adapters.templates import compile_template, render
+from notifier.adapters.telegram_channels import (
+    CHAT_ID_FIELD,
+    EXAMPLE,
+    TEXT_TEMPLATE_FIELD,
+    TelegramChannels,
+    TelegramConfig,
+    prepare_chat_id,
+)
+from notifier.adapters.templates import render
 from notifier.config import TelegramWorkersConfig
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
-from notifier.validation import describe
+
+__all__ = [  # the channel-config names, importable from here as before
+    "CHAT_ID_FIELD", "EXAMPLE", "TEXT_TEMPLATE_FIELD", "TelegramAdapter", "TelegramChannels",
+    "TelegramConfig", "prepare_chat_id",
+]  # fmt: skip
 
 MAX_TEXT_UNITS = 4096  # Telegram's limit for a message text, in UTF-16 code units
 TRUNCATION_MARK = "…"
 DEFAULT_TEXT_TEMPLATE = "{{ event_type }}\n\n{{ payload_json }}"
-TEXT_TEMPLATE_FIELD = "config.text_template"
-CHAT_ID_FIELD = "config.chat_id"
 EXCERPT_BYTES = 2048
 READ_LIMIT_BYTES = 64 * 1024
-MAX_CHAT_ID = 2**53  # Telegram ids fit in 52 bits; JSON-safe integers are below 2^53
 REDACTED = "***"
 
-_CHANNEL_USERNAME = re.compile(r"@[A-Za-z0-9_]{5,32}")
 _BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 _HTTP_LOGGERS = (
     "httpx",
@@ -64,11 +73,6 @@ _HTTP_LOGGERS = (
     "httpcore.proxy",
     "httpcore.socks",
 )
-
-
-class TelegramConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    chat_id: int | str
-    text_template: str | None = None
 
 
 # -- secrets ------------------------------------------------------------------------------------
@@ -125,21 +129,6 @@ def protect_in_http_logs(secret: str) -> None:
 
 
 # -- channel config -----------------------------------------------------------------------------
-
-
-def prepare_chat_id(value: object) -> int | str:
-    """An integer chat id, or ``@channelusername`` (5 to 32 letters, digits or underscores)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value == 0 or abs(value) >= MAX_CHAT_ID:
-            raise InvalidChannelConfig(CHAT_ID_FIELD, "is not a valid Telegram chat id")
-        return value
-    if isinstance(value, str) and _CHANNEL_USERNAME.fullmatch(value):
-        return value
-    raise InvalidChannelConfig(
-        CHAT_ID_FIELD,
-        'must be an integer chat id or "@channelusername" '
-        "(@ then 5 to 32 letters, digits or underscores)",
-    )
 
 
 def chat_key(config: Mapping[str, Any]) -> int | str | None:
@@ -282,8 +271,9 @@ class TelegramAdapterCrash(RuntimeError):
 
 
 class TelegramAdapter:
+    """The Telegram deliverer: holds the bot token."""
+
     channel_type = "telegram"
-    secret_fields: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -340,17 +330,6 @@ class TelegramAdapter:
 
     def __repr__(self) -> str:  # never the token
         return f"TelegramAdapter(api_base_url={self._api_base_url!r})"
-
-    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        try:
-            cfg = msgspec.convert(config, TelegramConfig)
-        except msgspec.ValidationError as exc:
-            raise InvalidChannelConfig(*describe(exc, "config")) from exc
-        out: dict[str, Any] = {"chat_id": prepare_chat_id(cfg.chat_id)}
-        if cfg.text_template is not None:
-            compile_template(cfg.text_template, TEXT_TEMPLATE_FIELD)
-            out["text_template"] = cfg.text_template
-        return out
 
     def check(self, message: WorkerMessage) -> float | None:
         """``RateLimiter``: seconds until this chat and this bot both have room, or None (the

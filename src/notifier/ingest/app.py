@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import msgspec
 from quart_trio import QuartTrio
 
-from notifier.adapters.base import Adapter
+from notifier.adapters.base import ChannelValidator
 from notifier.config import Config
 from notifier.ingest.api import channels, deliveries, events, health, operations
 from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
@@ -32,21 +32,23 @@ ROUTE_GROUPS = (health, channels, events, deliveries, operations)
 def create_app(
     store: ApiStore,
     config: Config,
-    adapters: Mapping[str, Adapter],
+    validators: Mapping[str, ChannelValidator],
     *,
     check_broker: Callable[[], Awaitable[None]] | None = None,
     metrics: Metrics | None = None,
     read_queue_depths: ReadQueueDepths | None = None,
 ) -> QuartTrio:
-    """Build the app. ``check_broker`` raises when RabbitMQ is unreachable (for ``/readyz``).
-    ``/metrics`` serves ``metrics`` (the process's; a fresh one by default) and the broker's queue
-    depths read with ``read_queue_depths`` (left out without it)."""
+    """Build the app. ``validators`` check channel configs, by channel type (the enabled types:
+    ``specs.build_validators``). ``check_broker`` raises when RabbitMQ is unreachable (for
+    ``/readyz``). ``/metrics`` serves ``metrics`` (the process's; a fresh one by default) and
+    the broker's queue depths read with ``read_queue_depths`` (left out without it)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
     install(app, ApiContext(
-        store=store, config=config, adapters=adapters, max_attempts=max_attempts_by_type(config),
-        tenants=tenants_by_key_hash(store), rate_limiter=rate_limiter(config), metrics=meters,
+        store=store, config=config, validators=validators,
+        max_attempts=max_attempts_by_type(config), tenants=tenants_by_key_hash(store),
+        rate_limiter=rate_limiter(config), metrics=meters,
         ingested=meters.events_ingested.labels(source="http"),
         scrape=ScrapeReader(
             meters, store.metrics_snapshot,
@@ -54,7 +56,7 @@ def create_app(
         ),
         check_broker=check_broker,
         openapi=msgspec.json.encode(build_openapi(
-            channel_types=adapters, max_body_bytes=config.ingest.max_body_bytes,
+            channel_types=validators, max_body_bytes=config.ingest.max_body_bytes,
             max_batch_events=config.ingest.max_batch_events, max_page=MAX_PAGE,
             default_page=DEFAULT_PAGE,
         )),

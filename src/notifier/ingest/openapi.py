@@ -15,9 +15,7 @@ from typing import Any
 import msgspec
 
 from notifier import __version__
-from notifier.adapters.email import EmailConfig
-from notifier.adapters.telegram import TelegramConfig
-from notifier.adapters.webhook import WebhookConfig
+from notifier.adapters.specs import SPECS
 from notifier.ingest import jsonguard
 from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, NoFields, ReplayIn
 from notifier.ingest.views import (
@@ -39,20 +37,9 @@ from notifier.store.rows import DELIVERY_STATUSES
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
-# The struct each built-in channel type validates its `config` with.
-CONFIG_MODELS: dict[str, type[msgspec.Struct]] = {
-    "webhook": WebhookConfig,
-    "email": EmailConfig,
-    "telegram": TelegramConfig,
-}
 REQUEST_MODELS: tuple[type[msgspec.Struct], ...] = (
     ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields,
 )  # fmt: skip
-EXAMPLE_CONFIGS: dict[str, dict[str, Any]] = {
-    "webhook": {"url": "https://hooks.example.com/notifier"},
-    "email": {"to": "ops@example.com"},
-    "telegram": {"chat_id": 123456789},
-}
 EXAMPLE_EVENT = {"type": "order.created", "payload": {"order_id": 42}}
 
 _REF = "#/components/schemas/{name}"
@@ -128,8 +115,8 @@ def _channel_variants(
     configs: list[dict[str, Any]] = []
     variants: dict[str, str] = {}
     for channel_type in channel_types:
-        model = CONFIG_MODELS.get(channel_type)
-        config = _ref(model) if model is not None else {"type": "object"}
+        spec = SPECS.get(channel_type)
+        config = _ref(spec.config) if spec is not None else {"type": "object"}
         configs.append(config)
         variant = copy.deepcopy(schemas[ChannelIn.__name__])
         name = f"{channel_type.capitalize()}ChannelIn"
@@ -188,7 +175,7 @@ def build_openapi(
 ) -> dict[str, Any]:
     """The OpenAPI document for an app with these channel types enabled and these limits."""
     types = sorted(channel_types)
-    configs = [CONFIG_MODELS[t] for t in types if t in CONFIG_MODELS]
+    configs = [SPECS[t].config for t in types if t in SPECS]
     _, schemas = msgspec.json.schema_components(
         [*REQUEST_MODELS, *RESPONSE_MODELS, *configs], ref_template=_REF
     )
@@ -393,8 +380,8 @@ def build_openapi(
 
 def _example_channel(types: list[str]) -> dict[str, Any] | None:
     for channel_type in types:
-        if channel_type in EXAMPLE_CONFIGS:
-            return {"type": channel_type, "config": EXAMPLE_CONFIGS[channel_type]}
+        if channel_type in SPECS:
+            return {"type": channel_type, "config": SPECS[channel_type].example}
     return None
 
 

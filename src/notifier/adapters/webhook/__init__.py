@@ -6,16 +6,18 @@
 - ``ssrf``: the table of blocked addresses, the URL checks that need no network, resolution;
 - ``transport``: the pinned transport, which dials only the checked addresses;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
-- ``adapter``: ``WebhookAdapter``, which puts them together.
+- ``channels``: ``WebhookChannels``, a channel's config validated at create and PATCH;
+- ``adapter``: ``WebhookAdapter``, the deliverer, which puts them together.
 """
 
-from notifier.adapters.webhook.adapter import WebhookAdapter, WebhookConfig
+from notifier.adapters.webhook.adapter import WebhookAdapter
 from notifier.adapters.webhook.answers import (
     WebhookAdapterCrash,
     classify,
     parse_retry_after,
     transport_error,
 )
+from notifier.adapters.webhook.channels import WebhookChannels, WebhookConfig
 from notifier.adapters.webhook.headers import header_field, header_problem, request_secrets
 from notifier.adapters.webhook.signing import (
     PREVIOUS_SECRET,
@@ -31,6 +33,7 @@ __all__ = [
     "PREVIOUS_SECRET",
     "WebhookAdapter",
     "WebhookAdapterCrash",
+    "WebhookChannels",
     "WebhookConfig",
     "build_request",
     "check_address",

@@ -1,5 +1,5 @@
-"""The webhook adapter: validates a channel's config at create and PATCH, and delivers one
-attempt as a signed POST to the channel's URL.
+"""The webhook deliverer: one attempt as a signed POST to the channel's URL (a channel's config
+is validated by ``channels.WebhookChannels``).
 
 The pure parts it puts together (``signing``, ``headers``, ``ssrf``, ``answers``) are tested as
 tables without sockets; ``deliver`` is the thin I/O between them.
@@ -13,57 +13,38 @@ certificate verification are all for the hostname.
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import httpcore
 import httpx
-import msgspec
 import trio
 
-from notifier.adapters.base import InvalidChannelConfig, Receipt
+from notifier.adapters.base import Receipt
 from notifier.adapters.http import ClientPool, new_client
 from notifier.adapters.webhook.answers import classify, transport_error
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
-from notifier.adapters.webhook.signing import (
-    ROTATION_FIELDS,
-    SECRET_PREFIX,
-    build_request,
-    generate_secret,
-    rotate_secret,
-    secret_bytes,
-    signing_secrets,
-)
+from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (
+    NetworkRules,
     Resolver,
     blocked_message,
-    check_address,
+    default_port,
     dial_host,
     literal_address,
     system_resolver,
-    validate_url,
 )
 from notifier.adapters.webhook.transport import PIN_EXTENSION, Pin, PinnedTransport
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
-from notifier.validation import describe
 
 EXCERPT_BYTES = 2048
 READ_LIMIT_BYTES = 64 * 1024
 
 
-class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    url: str
-    secret: str | None = None
-    headers: dict[str, str] = {}
-
-
 class WebhookAdapter:
     channel_type = "webhook"
-    secret_fields = frozenset({"secret", *ROTATION_FIELDS})
 
     def __init__(
         self,
@@ -71,7 +52,6 @@ class WebhookAdapter:
         timeout_seconds: float,
         allow_private_networks: bool,
         allowed_cidrs: Iterable[str] = (),
-        secret_rotation_grace_seconds: float = 86_400.0,
         resolver: Resolver = system_resolver,
         network_backend: httpcore.AsyncNetworkBackend | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -79,84 +59,13 @@ class WebhookAdapter:
     ) -> None:
         """``resolver``, ``network_backend`` (what ``PinnedBackend`` dials through) and
         ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
-        self._timeout = timeout_seconds
-        self._allow_private = allow_private_networks
-        self._allowed = tuple(ipaddress.ip_network(c) for c in allowed_cidrs)
-        self._grace = secret_rotation_grace_seconds
-        self._resolver = resolver
+        self._rules = NetworkRules.of(
+            timeout_seconds, allow_private_networks, allowed_cidrs, resolver
+        )
         self._backend = network_backend
         self._ssl_context = ssl_context
         self._clock = clock
         self._clients = ClientPool(self._new_client)
-
-    # -- channel config (ingest) --
-
-    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        try:
-            cfg = msgspec.convert(config, WebhookConfig)
-        except msgspec.ValidationError as exc:
-            raise InvalidChannelConfig(*describe(exc, "config")) from exc
-        validate_url(cfg.url, allow_private_networks=self._allow_private,
-                     allowed_cidrs=self._allowed)  # fmt: skip
-        if (problem := headers_problem(cfg.headers)) is not None:
-            raise InvalidChannelConfig(*problem)
-        secret = cfg.secret
-        if secret is None:
-            secret = generate_secret()
-        else:
-            try:
-                raw = secret_bytes(secret)
-            except ValueError as exc:
-                raise InvalidChannelConfig(
-                    "config.secret", "must be whsec_ followed by base64"
-                ) from exc
-            if not secret.startswith(SECRET_PREFIX) or not 24 <= len(raw) <= 64:
-                raise InvalidChannelConfig(
-                    "config.secret", "must be whsec_ followed by base64 of 24 to 64 bytes"
-                )
-        return {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
-
-    def prepare_config_update(
-        self, config: dict[str, Any], previous: dict[str, Any]
-    ) -> dict[str, Any]:
-        """``prepare_config`` for a PATCH of a channel whose stored config is ``previous``: a
-        new secret starts a rotation (the replaced one keeps signing for the grace period)."""
-        config = dict(config)
-        if "secret" in config and config["secret"] is None:
-            # A generated secret is shown only in the 201 of a create: after a PATCH nobody
-            # would ever learn it.
-            raise InvalidChannelConfig("config.secret", "a PATCH must give the new secret")
-        for key in ROTATION_FIELDS:
-            # The API carries secret fields over from the stored config; anything else is a
-            # client trying to set them.
-            if key in config and config.pop(key) != previous.get(key):
-                raise InvalidChannelConfig(f"config.{key}", "is managed by notifier")
-        prepared = self.prepare_config(config)
-        prepared.update(
-            rotate_secret(previous, prepared["secret"], now=self._clock(),
-                          grace_seconds=self._grace)
-        )  # fmt: skip
-        return prepared
-
-    async def check_destination(self, config: dict[str, Any]) -> None:
-        """At channel create/patch: refuse a host that resolves to a blocked address now. A
-        host that does not resolve is accepted (its DNS may not be set up yet); every delivery
-        resolves again and fails closed."""
-        if self._allow_private:
-            return
-        url = httpx.URL(config["url"])
-        host = dial_host(url)
-        if literal_address(host) is not None:
-            return  # checked by validate_url already
-        try:
-            with trio.fail_after(self._timeout):
-                addresses = await self._resolver(host, url.port or _default_port(url))
-        except (OSError, trio.TooSlowError):
-            return
-        for ip in addresses:
-            reason = check_address(ip, False, self._allowed)
-            if reason is not None:
-                raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason))
 
     # -- delivery (workers) --
 
@@ -173,15 +82,14 @@ class WebhookAdapter:
         else:
             addresses = await self._resolve(host, port)
         for ip in addresses:
-            reason = check_address(ip, self._allow_private, self._allowed)
+            reason = self._rules.check(ip)
             if reason is not None:
                 raise PermanentError(blocked_message(host, ip, reason, resolved=literal is None))
         return addresses
 
     async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
         try:
-            with trio.fail_after(self._timeout):
-                addresses = tuple(await self._resolver(host, port))
+            addresses = await self._rules.resolve(host, port)
         except trio.TooSlowError as exc:
             raise RetriableError(f"could not resolve {host}: timed out") from exc
         except OSError as exc:
@@ -205,7 +113,7 @@ class WebhookAdapter:
             field, text = problem
             raise PermanentError(f"{field}: {text}")
         host = dial_host(url)
-        pin = Pin(host, await self.checked_addresses(host, url.port or _default_port(url)))
+        pin = Pin(host, await self.checked_addresses(host, default_port(url)))
         now = self._clock()
         secrets = signing_secrets(cfg, now)
         headers, body = build_request(message, secrets, custom, int(now))
@@ -236,11 +144,7 @@ class WebhookAdapter:
             network_backend=self._backend, ssl_context=self._ssl_context,
             max_body_bytes=READ_LIMIT_BYTES,
         )  # fmt: skip
-        return new_client(self._timeout, transport)
+        return new_client(self._rules.timeout_seconds, transport)
 
     async def aclose(self) -> None:
         await self._clients.aclose()
-
-
-def _default_port(url: httpx.URL) -> int:
-    return 443 if url.scheme == "https" else 80

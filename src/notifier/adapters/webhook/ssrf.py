@@ -8,6 +8,7 @@ checked addresses are then the only ones dialed (``transport.PinnedBackend``).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
@@ -195,6 +196,11 @@ def dial_host(url: httpx.URL) -> str:
     return url.raw_host.decode("ascii")
 
 
+def default_port(url: httpx.URL) -> int:
+    """The port a request to ``url`` connects to."""
+    return url.port or (443 if url.scheme == "https" else 80)
+
+
 def validate_url(
     url: str, *, allow_private_networks: bool, allowed_cidrs: Iterable[str | IPNetwork] = ()
 ) -> None:
@@ -240,3 +246,32 @@ async def system_resolver(host: str, port: int) -> list[str]:
     """The addresses of ``host`` from the system resolver (trio runs it on a thread)."""
     infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkRules:
+    """Where ``[workers.webhook]`` lets a webhook go, and how its host is resolved: the same at
+    channel create and at every delivery."""
+
+    timeout_seconds: float
+    allow_private_networks: bool
+    allowed: tuple[IPNetwork, ...] = ()
+    resolver: Resolver = system_resolver
+
+    @classmethod
+    def of(
+        cls, timeout_seconds: float, allow_private_networks: bool, allowed_cidrs: Iterable[str],
+        resolver: Resolver,
+    ) -> NetworkRules:  # fmt: skip
+        allowed = tuple(ipaddress.ip_network(c) for c in allowed_cidrs)
+        return cls(timeout_seconds, allow_private_networks, allowed, resolver)
+
+    def check(self, ip: str) -> str | None:
+        """Why ``ip`` is blocked under these rules, or None."""
+        return check_address(ip, self.allow_private_networks, self.allowed)
+
+    async def resolve(self, host: str, port: int) -> tuple[str, ...]:
+        """Trio-flavoured. ``host``'s addresses: ``trio.TooSlowError`` after the timeout,
+        ``OSError`` if it does not resolve."""
+        with trio.fail_after(self.timeout_seconds):
+            return tuple(await self.resolver(host, port))

@@ -1,6 +1,7 @@
 """``/v1/channels``: create, list, read, change and delete a tenant's channels. A channel's
-config is validated by its type's adapter; its secret fields are shown only in the answer to
-its creation, and kept across a PATCH that does not replace them."""
+config is validated by its type's validator (``adapters.specs``: no deliverer, no secret); its
+secret fields are shown only in the answer to its creation, and kept across a PATCH that does
+not replace them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from notifier.adapters.base import (
-    Adapter,
+    ChannelValidator,
     ChecksDestination,
     InvalidChannelConfig,
     UpdatesConfig,
@@ -33,12 +34,14 @@ PATCH_CONFIG_TRIES = 5
 routes = Blueprint("channels", __name__)
 
 
-def channel_view(channel: Channel, adapter: Adapter | None, *, reveal: bool = False) -> ChannelView:
+def channel_view(
+    channel: Channel, validator: ChannelValidator | None, *, reveal: bool = False
+) -> ChannelView:
     return ChannelView(
         id=channel.id,
         type=channel.type,
         name=channel.name,
-        config=channel.config if reveal else public_config(adapter, channel.config),
+        config=channel.config if reveal else public_config(validator, channel.config),
         recipient=channel.recipient,
         event_types=channel.event_types,
         enabled=channel.enabled,
@@ -56,34 +59,34 @@ def channel_view(channel: Channel, adapter: Adapter | None, *, reveal: bool = Fa
 
 
 def stored_view(channel: Channel) -> ChannelView:
-    """``channel`` as every answer but its creation's shows it: secrets hidden by its adapter."""
-    return channel_view(channel, api_context().adapters.get(channel.type))
+    """``channel`` as every answer but its creation's shows it: its type's secrets hidden."""
+    return channel_view(channel, api_context().validators.get(channel.type))
 
 
-def adapter_for(channel_type: str) -> Adapter:
-    """The adapter of ``channel_type``; 422 if the type is not enabled."""
-    adapters = api_context().adapters
-    adapter = adapters.get(channel_type)
-    if adapter is None:
-        enabled = ", ".join(sorted(adapters)) or "none"
+def validator_for(channel_type: str) -> ChannelValidator:
+    """The config validator of ``channel_type``; 422 if the type is not enabled."""
+    validators = api_context().validators
+    validator = validators.get(channel_type)
+    if validator is None:
+        enabled = ", ".join(sorted(validators)) or "none"
         raise ApiError(
             422, "validation_error",
             f"type: channel type {channel_type!r} is not enabled (enabled: {enabled})",
         )  # fmt: skip
-    return adapter
+    return validator
 
 
 async def prepare(
-    adapter: Adapter, cfg: dict[str, Any], stored: dict[str, Any] | None = None
+    validator: ChannelValidator, cfg: dict[str, Any], stored: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Validate a channel config; ``stored`` is the current one on PATCH (secret rotation)."""
     try:
-        if stored is not None and isinstance(adapter, UpdatesConfig):
-            prepared = adapter.prepare_config_update(cfg, stored)
+        if stored is not None and isinstance(validator, UpdatesConfig):
+            prepared = validator.prepare_config_update(cfg, stored)
         else:
-            prepared = adapter.prepare_config(cfg)
-        if isinstance(adapter, ChecksDestination):
-            await adapter.check_destination(prepared)
+            prepared = validator.prepare_config(cfg)
+        if isinstance(validator, ChecksDestination):
+            await validator.check_destination(prepared)
         return prepared
     except InvalidChannelConfig as exc:
         raise ApiError(422, "validation_error", str(exc)) from exc
@@ -92,25 +95,25 @@ async def prepare(
 async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, Any]:
     """The config a PATCH gives ``channel``: validated against its type, its stored
     secrets kept unless replaced."""
-    adapter = adapter_for(channel.type)
+    validator = validator_for(channel.type)
     new_config = dict(config)
-    for key in adapter.secret_fields:  # secrets are kept unless replaced
+    for key in validator.secret_fields:  # secrets are kept unless replaced
         if key not in new_config and key in channel.config:
             new_config[key] = channel.config[key]
-    return await prepare(adapter, new_config, channel.config)
+    return await prepare(validator, new_config, channel.config)
 
 
 @routes.post("/v1/channels")
 async def create_channel() -> Response:
     tenant_id = await current_tenant()
     data = await read_body(ChannelIn)
-    adapter = adapter_for(data.type)
+    validator = validator_for(data.type)
     channel = await api_context().store.create_channel(
-        tenant_id, type=data.type, name=data.name, config=await prepare(adapter, data.config),
+        tenant_id, type=data.type, name=data.name, config=await prepare(validator, data.config),
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts,
     )  # fmt: skip
-    return json_response(channel_view(channel, adapter, reveal=True), 201)
+    return json_response(channel_view(channel, validator, reveal=True), 201)
 
 
 @routes.get("/v1/channels")

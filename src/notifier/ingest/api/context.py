@@ -1,5 +1,5 @@
 """What the route groups share, held by the app rather than by a closure: the store, the config,
-the channel adapters, the tenant cache, the rate limiter, metrics and the prebuilt OpenAPI
+the channel-config validators, the tenant cache, the rate limiter, metrics and the prebuilt OpenAPI
 document. ``create_app`` builds one ``ApiContext`` per app; a handler reads it with
 ``api_context()``."""
 
@@ -13,7 +13,7 @@ from typing import cast
 from prometheus_client import Counter
 from quart import Quart, current_app
 
-from notifier.adapters.base import Adapter
+from notifier.adapters.base import ChannelValidator
 from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.config import Config
 from notifier.ingest.tenants import TenantCache
@@ -27,7 +27,7 @@ _EXTENSION = "notifier.api"
 class ApiContext:
     store: ApiStore
     config: Config
-    adapters: Mapping[str, Adapter]
+    validators: Mapping[str, ChannelValidator]  # by channel type: the enabled types
     max_attempts: Mapping[str, int]  # per event type, for ingest
     tenants: TenantCache  # API key hash → tenant id
     rate_limiter: KeyedLimiter[uuid.UUID] | None  # per tenant; None: no limit
