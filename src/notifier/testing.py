@@ -556,7 +556,7 @@ class MemoryBroker:
 
 class MemoryDeliveries:
     """The worker's ``DeliveryStore`` in memory, with the rule of ``attempt_record_batch`` in
-    ``store/queries.sql``: a delivery's status never leaves ``DELIVERED`` or ``DEAD`` and its
+    ``store/queries_attempts.sql``: a delivery's status never leaves ``DELIVERED`` or ``DEAD`` and its
     attempt never goes back; the attempt row is kept whenever the delivery exists.
 
     Set ``unavailable = True`` to make every call raise ``StoreUnavailable`` (Postgres down).
