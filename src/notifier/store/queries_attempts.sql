@@ -4,9 +4,7 @@
 -- name: delivery_states
 -- With the state of the delivery's channel: a delivery is not attempted while its channel is
 -- disabled or deleted.
-SELECT d.id, d.status, d.attempt,
-       CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
-           AS channel_state,
+SELECT d.id, d.status, d.attempt, notifier_channel_state(c) AS channel_state,
        c.disabled_reason
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
 WHERE d.id = ANY($1::uuid[]);

@@ -25,9 +25,7 @@ FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 
 -- name: replay_check
 -- One delivery of a tenant, with the state of its channel, locked for the replay that follows.
-SELECT d.status,
-       CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
-           AS channel_state
+SELECT d.status, notifier_channel_state(c) AS channel_state
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
 WHERE d.tenant_id = $1 AND d.id = $2
 FOR UPDATE OF d;
@@ -49,8 +47,7 @@ WITH picked AS (
     WHERE d.tenant_id = $1 AND d.status = $2
       AND ($3::uuid IS NULL OR d.id = $3)
       AND ($4::uuid IS NULL OR d.channel_id = $4)
-      AND ($5::text IS NULL OR $5 = '*' OR e.type = $5
-           OR (right($5, 2) = '.*' AND starts_with(e.type, left($5, -1))))
+      AND ($5::text IS NULL OR notifier_type_matches($5, e.type))
       AND ($6::timestamptz IS NULL OR d.created_at >= $6)
       AND ($7::timestamptz IS NULL OR d.created_at < $7)
       AND ($10::timestamptz IS NULL OR (d.created_at, d.id) > ($10, $11::uuid))
@@ -88,8 +85,7 @@ SELECT EXISTS (
     JOIN events e ON e.id = d.event_id
     WHERE d.tenant_id = $1 AND d.status = $2
       AND ($3::uuid IS NULL OR d.channel_id = $3)
-      AND ($4::text IS NULL OR $4 = '*' OR e.type = $4
-           OR (right($4, 2) = '.*' AND starts_with(e.type, left($4, -1))))
+      AND ($4::text IS NULL OR notifier_type_matches($4, e.type))
       AND ($5::timestamptz IS NULL OR d.created_at >= $5)
       AND ($6::timestamptz IS NULL OR d.created_at < $6)
       AND ($7::timestamptz IS NULL OR (d.created_at, d.id) > ($7, $8::uuid))

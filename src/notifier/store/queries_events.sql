@@ -2,10 +2,11 @@
 -- block starts with `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
 
 -- name: insert_events
--- One round trip for a whole batch: the events, their fan-out deliveries and the outbox rows
--- carrying each delivery's WorkerMessage (see notifier/messages.py). $2 is a JSON array of
--- {id, type, recipient, payload, idempotency_key, request_hash, channel_ids}; $3 maps a channel
--- type to its default max_attempts. Events whose idempotency key already exists are skipped
+-- One round trip for a whole batch: the events, their fan-out deliveries (the pattern rule is
+-- notifier_type_matches) and the outbox rows carrying each delivery's worker message (built by
+-- notifier_worker_message). $2 is a JSON array of {id, type, recipient, payload,
+-- idempotency_key, request_hash, channel_ids}; $3 maps a channel type to its default
+-- max_attempts. Events whose idempotency key already exists are skipped
 -- (ON CONFLICT DO NOTHING) and come back absent from the result. Events are inserted in key
 -- order, not in the order given: an insert whose key a concurrent transaction has just inserted
 -- waits for that one to finish, so two batches carrying the same keys in different orders would
@@ -16,11 +17,11 @@ WITH input AS (
         request_hash text, channel_ids uuid[], ord integer)
 ),
 ev AS (
-    INSERT INTO events (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
+    INSERT INTO events AS e (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
     SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input
     ORDER BY idempotency_key COLLATE "C", ord
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-    RETURNING id, type, recipient, payload, created_at
+    RETURNING e.id, e.type, e.recipient, e.payload, e.created_at, e AS event
 ),
 targets AS (
     SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, c.id AS channel_id,
@@ -31,25 +32,20 @@ targets AS (
     JOIN channels c ON c.tenant_id = $1 AND c.enabled AND (
         CASE WHEN i.channel_ids IS NOT NULL THEN c.id = ANY (i.channel_ids)
         ELSE c.recipient IS NOT DISTINCT FROM ev.recipient
-             AND EXISTS (
-                 SELECT 1 FROM unnest(c.event_types) AS p
-                 WHERE p = '*' OR p = ev.type
-                    OR (right(p, 2) = '.*' AND starts_with(ev.type, left(p, -1))))
+             AND EXISTS (SELECT 1 FROM unnest(c.event_types) AS p
+                         WHERE notifier_type_matches(p, ev.type))
         END)
 ),
 dl AS (
-    INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, max_attempts)
+    INSERT INTO deliveries AS d (id, event_id, channel_id, tenant_id, channel_type, max_attempts)
     SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts FROM targets
+    RETURNING d.id, d.event_id, d AS delivery
 ),
 ob AS (
     INSERT INTO outbox (delivery_id, routing_key, body)
-    SELECT t.delivery_id, t.channel_type, convert_to(jsonb_build_object(
-               'delivery_id', t.delivery_id, 'event_id', ev.id, 'tenant_id', $1::uuid,
-               'channel_id', t.channel_id, 'channel_type', t.channel_type,
-               'channel_config', t.config, 'event_type', ev.type, 'recipient', ev.recipient,
-               'payload', ev.payload, 'created_at', ev.created_at,
-               'attempt', 1, 'max_attempts', t.max_attempts)::text, 'UTF8')
-    FROM targets t JOIN ev ON ev.id = t.event_id
+    SELECT t.delivery_id, t.channel_type,
+           notifier_worker_message(dl.delivery, ev.event, t.config, 1)
+    FROM targets t JOIN dl ON dl.id = t.delivery_id JOIN ev ON ev.id = t.event_id
 )
 SELECT ev.id, ev.type, ev.recipient, ev.payload, ev.created_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
