@@ -140,9 +140,10 @@ DROP TRIGGER IF EXISTS outbox_notify ON outbox;
 CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION notifier_outbox_notify();
 
--- The worker message (notifier/messages.py) of delivery `d` of event `e`, for attempt `attempt`,
--- with the channel config `config`: what a replay or the reconciler puts in the outbox. (Ingest
--- builds the same object inline, in its single statement.)
+-- The worker message (notifier/messages.WorkerMessage, the one Python type for it) of delivery
+-- `d` of event `e`, for attempt `attempt`, with the channel config `config`: the body of every
+-- outbox row (ingest's fan-out, a replay, the reconciler). Its keys are the type's fields, no
+-- more and no fewer; tests/integration/test_schema_functions.py holds the two to that.
 CREATE OR REPLACE FUNCTION notifier_worker_message(
     d deliveries, e events, config jsonb, attempt integer
 ) RETURNS bytea
@@ -153,4 +154,21 @@ LANGUAGE sql STABLE AS $$
         'event_type', e.type, 'recipient', e.recipient, 'payload', e.payload,
         'created_at', e.created_at, 'attempt', attempt, 'max_attempts', d.max_attempts)::text,
         'UTF8')
+$$;
+
+-- Whether an event of type `event_type` matches `pattern` (one of a channel's `event_types`, or
+-- a replay's filter): `*` matches every type, `prefix.*` every type that starts with `prefix.`
+-- (not `prefix` itself), anything else only the same type. notifier.testing.pattern_matches
+-- states the rule in Python for the in-memory fakes; a test holds the two to the same cases.
+CREATE OR REPLACE FUNCTION notifier_type_matches(pattern text, event_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pattern = '*' OR pattern = event_type
+        OR (right(pattern, 2) = '.*' AND starts_with(event_type, left(pattern, -1)))
+$$;
+
+-- The state of a delivery's channel as the workers and a replay see it: 'enabled', 'disabled',
+-- or 'deleted' (`c` is the all-NULL row of an outer join that found no channel).
+CREATE OR REPLACE FUNCTION notifier_channel_state(c channels) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
 $$;

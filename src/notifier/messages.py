@@ -1,7 +1,8 @@
 """The wire format of queue messages: what a worker needs to deliver, snapshotted at fan-out.
 
-The outbox body is built by Postgres in the ingest statement (``store/queries.sql``,
-``insert_events``) with exactly these keys; ``tests/integration`` decodes it with this type.
+Every outbox body is built by Postgres with the SQL function ``notifier_worker_message``
+(schema.sql), with exactly these keys; tests/integration/test_schema_functions.py decodes it with
+this type and holds the two to the same fields.
 """
 
 from __future__ import annotations

@@ -322,7 +322,9 @@ async def open_fake_bot_api(
 
 
 def pattern_matches(pattern: str, event_type: str) -> bool:
-    """``*`` matches everything, ``a.b.*`` matches ``a.b.<anything>``, else exact."""
+    """``*`` matches everything, ``a.b.*`` matches ``a.b.<anything>``, else exact: the rule of
+    the SQL function ``notifier_type_matches`` (schema.sql), which the store's queries use, for
+    the in-memory fakes; a test puts the same cases to both."""
     if pattern == "*":
         return True
     if pattern.endswith(".*"):
@@ -559,8 +561,8 @@ class MemoryBroker:
 
 class MemoryDeliveries:
     """The worker's ``DeliveryStore`` in memory, with the rule of ``attempt_record_batch`` in
-    ``store/queries.sql``: a delivery's status never leaves ``DELIVERED`` or ``DEAD`` and its
-    attempt never goes back; the attempt row is kept whenever the delivery exists.
+    ``store/queries_attempts.sql``: a delivery's status never leaves ``DELIVERED`` or ``DEAD``
+    and its attempt never goes back; the attempt row is kept whenever the delivery exists.
 
     Set ``unavailable = True`` to make every call raise ``StoreUnavailable`` (Postgres down).
     """

@@ -326,6 +326,7 @@ class MemoryApiStore(ApiStore):
         return msgspec.structs.replace(stored.delivery, attempts=list(stored.attempts))
 
     def _channel_state(self, delivery: Delivery) -> str:
+        """The rule of the SQL function ``notifier_channel_state`` (schema.sql), in memory."""
         channel = self.channels.get(delivery.channel_id)
         if channel is None:
             return "deleted"

@@ -38,22 +38,33 @@ def channel(
     )
 
 
-@pytest.mark.parametrize(
-    ("pattern", "event_type", "matches"),
-    [
-        ("*", "order.created", True),  # "*" matches every type
-        ("*", "x", True),  # ... including single-word ones
-        ("order.*", "order.created", True),  # a prefix pattern matches one more word
-        ("order.*", "order.a.b", True),  # ... or several
-        ("order.*", "order", False),  # ... but not the bare prefix
-        ("order.*", "orderx.created", False),  # ... nor a longer first word
-        ("order.*", "shop.order.created", False),  # ... nor the prefix further in
-        ("order.created", "order.created", True),  # exact
-        ("order.created", "order.created.v2", False),  # exact means exact
-        ("order.created", "order.deleted", False),  # exact, different
-        ("order.created", "Order.Created", False),  # case matters
-    ],
-)
+# (pattern, event type, whether it matches): the rule's cases, which
+# tests/integration/test_schema_functions.py also puts to the SQL function notifier_type_matches.
+PATTERN_CASES = [
+    ("*", "order.created", True),  # "*" matches every type
+    ("*", "x", True),  # ... including single-word ones
+    ("order.*", "order.created", True),  # a prefix pattern matches one more word
+    ("order.*", "order.a.b", True),  # ... or several
+    ("order.*", "order.", True),  # ... or an empty one after the dot
+    ("order.*", "order", False),  # ... but not the bare prefix
+    ("order.*", "orderx.created", False),  # ... nor a longer first word
+    ("order.*", "shop.order.created", False),  # ... nor the prefix further in
+    ("order.*", "Order.created", False),  # ... nor another case
+    ("order", "order.created", False),  # a pattern without ".*" is no prefix
+    ("order.created", "order.created", True),  # exact
+    ("order.created", "order.created.v2", False),  # exact means exact
+    ("order.created", "order.deleted", False),  # exact, different
+    ("order.created", "Order.Created", False),  # case matters
+    ("order*", "order.created", False),  # "*" is special only alone or after a dot
+    ("order.*", "order.*", True),  # a type may itself end in ".*"
+    ("or_er.*", "order.created", False),  # "_" and "%" are plain characters, not wildcards
+    ("%.*", "order.created", False),
+    ("", "", True),  # the empty pattern matches only the empty type
+    ("", "order", False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "event_type", "matches"), PATTERN_CASES)
 def test_pattern_matches(pattern: str, event_type: str, matches: bool) -> None:
     assert pattern_matches(pattern, event_type) is matches
 

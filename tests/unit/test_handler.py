@@ -462,7 +462,7 @@ async def test_a_retry_whose_publish_failed_is_made_when_the_reconciler_sends_it
     rig.broker.nack_next = 1
 
     assert await rig.handle(m) is Settle.ACK
-    # the reconciler's copy: the next attempt (``reconcile`` in queries_ops.sql)
+    # the reconciler's copy: the next attempt (``reconcile`` in queries_maintenance.sql)
     assert await rig.handle(msgspec.structs.replace(m, attempt=2)) is Settle.ACK
 
     assert [x.attempt for x in rig.adapter.messages] == [1, 2]

@@ -1,12 +1,15 @@
 """The SQL files the store loads: the schema at the top of the repository is the one shipped,
-and named queries come from every ``queries*.sql`` file, each name once."""
+named queries come from every ``queries*.sql`` file, each name once, and the rules the schema's
+functions hold (the worker message, the pattern rule, the channel state) are spelled there only."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from notifier.store.base import Q
 from notifier.store.pg import SCHEMA_PATH, load_queries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,3 +31,18 @@ def test_a_query_name_defined_twice_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "queries_more.sql").write_text("-- name: a\nSELECT 2;\n")
     with pytest.raises(ValueError, match="query 'a' is defined twice"):
         load_queries(tmp_path)
+
+
+def _code(query: str) -> str:
+    """The query without its comments."""
+    return re.sub(r"--.*", "", query)
+
+
+@pytest.mark.parametrize("name", sorted(Q))
+def test_queries_use_the_schema_functions_for_the_shared_rules(name: str) -> None:
+    code = _code(Q[name])
+    if "INSERT INTO outbox" in code:  # every outbox body is the one worker message
+        assert "notifier_worker_message(" in code
+        assert "jsonb_build_object('delivery_id'" not in code.replace("\n", "").replace(" ", "")
+    assert "'.*'" not in code, "the pattern rule is notifier_type_matches"
+    assert "'deleted'" not in code, "the channel state is notifier_channel_state"

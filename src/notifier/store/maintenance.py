@@ -20,7 +20,7 @@ class MaintenanceQueries(Queries):
 
     @transaction
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
-        """Enqueue stuck unfinished deliveries again (see ``reconcile`` in queries_ops.sql);
+        """Enqueue stuck unfinished deliveries again (see ``reconcile`` in queries_maintenance.sql);
         return their ids."""
         async with self._maintenance() as conn:
             rows = await conn.fetch(Q["reconcile"], float(stuck_after_seconds), limit)

@@ -1,4 +1,12 @@
--- Named queries of the metrics endpoint. Each block starts with `-- name: NAME`.
+-- Named queries of tenants and the scrape-time gauges (store/admin.py). Each block starts
+-- with `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
+
+-- name: tenant_create
+INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, $2, $3)
+RETURNING id, name;
+
+-- name: tenant_by_key_hash
+SELECT id FROM tenants WHERE api_key_hash = $1;
 
 -- name: metrics_snapshot
 -- The scrape-time gauges in one statement: the outbox depth, and the open deliveries (counts by

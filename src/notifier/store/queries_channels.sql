@@ -1,0 +1,48 @@
+-- Named queries of a tenant's channels (store/channels.py). Each block starts with
+-- `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
+
+-- name: channel_insert
+INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: channel_get
+SELECT * FROM channels WHERE tenant_id = $1 AND id = $2;
+
+-- name: channel_list
+SELECT * FROM channels
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::text IS NULL OR recipient = $3)
+  AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid))
+ORDER BY created_at, id
+LIMIT $6;
+
+-- name: channel_update
+-- Change only the fields named in $3; the others keep what is stored now, so a concurrent change
+-- of them (another PATCH, the worker disabling the channel) is never written over. A new config
+-- ($5) is made from the stored one (secrets carried over, a rotation's previous secret): it is
+-- written only if the config is still $10, the one it was made from; otherwise no row comes back.
+UPDATE channels SET
+    name = CASE WHEN 'name' = ANY($3::text[]) THEN $4 ELSE name END,
+    config = CASE WHEN 'config' = ANY($3::text[]) THEN $5 ELSE config END,
+    recipient = CASE WHEN 'recipient' = ANY($3::text[]) THEN $6 ELSE recipient END,
+    event_types = CASE WHEN 'event_types' = ANY($3::text[]) THEN $7 ELSE event_types END,
+    max_attempts = CASE WHEN 'max_attempts' = ANY($3::text[]) THEN $9 ELSE max_attempts END,
+    enabled = CASE WHEN 'enabled' = ANY($3::text[]) THEN $8 ELSE enabled END,
+    disabled_reason = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_reason
+                           WHEN $8 THEN NULL WHEN enabled THEN 'disabled through the API'
+                           ELSE disabled_reason END,
+    disabled_at = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_at
+                       WHEN $8 THEN NULL WHEN enabled THEN now() ELSE disabled_at END,
+    -- enabling a disabled channel starts its health afresh
+    consecutive_failures = CASE WHEN 'enabled' = ANY($3::text[]) AND $8 AND NOT enabled THEN 0
+                                ELSE consecutive_failures END,
+    failing_since = CASE WHEN 'enabled' = ANY($3::text[]) AND $8 AND NOT enabled THEN NULL
+                         ELSE failing_since END,
+    updated_at = now()
+WHERE tenant_id = $1 AND id = $2 AND ($10::jsonb IS NULL OR config = $10::jsonb)
+RETURNING *;
+
+-- name: channel_delete
+DELETE FROM channels WHERE tenant_id = $1 AND id = $2 RETURNING id;

@@ -1,0 +1,92 @@
+-- Named queries of the API's deliveries and their replay (store/deliveries.py). Each block starts
+-- with `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
+
+-- name: delivery_list
+SELECT id, event_id, channel_id, channel_type, status, attempt, max_attempts, last_error,
+       next_attempt_at, delivered_at, created_at
+FROM deliveries
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::uuid IS NULL OR channel_id = $3)
+  AND ($4::uuid IS NULL OR event_id = $4)
+  AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $7;
+
+-- name: delivery_get
+SELECT id, event_id, channel_id, channel_type, status, attempt, max_attempts, last_error,
+       next_attempt_at, delivered_at, created_at
+FROM deliveries
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: delivery_attempts
+SELECT attempt, outcome, status_code, duration_ms, error, started_at
+FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
+
+-- name: replay_check
+-- One delivery of a tenant, with the state of its channel, locked for the replay that follows.
+SELECT d.status, notifier_channel_state(c) AS channel_state
+FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
+WHERE d.tenant_id = $1 AND d.id = $2
+FOR UPDATE OF d;
+
+-- name: replay
+-- Enqueue finished deliveries of tenant $1 again, through the outbox: status $2 (DEAD or
+-- DELIVERED), optionally only delivery $3, channel $4, event types matching pattern $5 (exact,
+-- 'prefix.*' or '*'), created in [$6, $7), coming after ($10, $11) in (created_at, id) order (a
+-- bulk replay's cursor); at most $8, oldest first. Only deliveries whose
+-- channel exists and is enabled are taken. Each gets a fresh attempt budget (attempt 0, the
+-- message asks for attempt 1), the channel's current config, and a 'replayed' attempt row
+-- (numbered with the attempts it had made) so the log shows the replay. Returns their ids and
+-- creation times.
+WITH picked AS (
+    SELECT d.id, d.attempt, c.config
+    FROM deliveries d
+    JOIN channels c ON c.id = d.channel_id AND c.enabled
+    JOIN events e ON e.id = d.event_id
+    WHERE d.tenant_id = $1 AND d.status = $2
+      AND ($3::uuid IS NULL OR d.id = $3)
+      AND ($4::uuid IS NULL OR d.channel_id = $4)
+      AND ($5::text IS NULL OR notifier_type_matches($5, e.type))
+      AND ($6::timestamptz IS NULL OR d.created_at >= $6)
+      AND ($7::timestamptz IS NULL OR d.created_at < $7)
+      AND ($10::timestamptz IS NULL OR (d.created_at, d.id) > ($10, $11::uuid))
+    ORDER BY d.created_at, d.id
+    LIMIT $8
+    FOR UPDATE OF d SKIP LOCKED
+),
+upd AS (
+    UPDATE deliveries d SET
+        status = 'PENDING', attempt = 0, last_error = NULL, next_attempt_at = NULL,
+        delivered_at = NULL, updated_at = now()
+    FROM picked p
+    WHERE d.id = p.id
+    RETURNING d.id, d.created_at, d.channel_type, d.event_id, d AS delivery
+),
+logged AS (
+    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error)
+    SELECT p.id, p.attempt, now(), 0, 'replayed', $9
+    FROM picked p
+),
+queued AS (
+    INSERT INTO outbox (delivery_id, routing_key, body)
+    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, p.config, 1)
+    FROM upd u JOIN picked p ON p.id = u.id JOIN events e ON e.id = u.event_id
+)
+SELECT id, created_at FROM upd;
+
+-- name: replay_more
+-- Whether deliveries matching the replay's filter are left after ($7, $8) in (created_at, id)
+-- order (the same filter as `replay`).
+SELECT EXISTS (
+    SELECT 1
+    FROM deliveries d
+    JOIN channels c ON c.id = d.channel_id AND c.enabled
+    JOIN events e ON e.id = d.event_id
+    WHERE d.tenant_id = $1 AND d.status = $2
+      AND ($3::uuid IS NULL OR d.channel_id = $3)
+      AND ($4::text IS NULL OR notifier_type_matches($4, e.type))
+      AND ($5::timestamptz IS NULL OR d.created_at >= $5)
+      AND ($6::timestamptz IS NULL OR d.created_at < $6)
+      AND ($7::timestamptz IS NULL OR (d.created_at, d.id) > ($7, $8::uuid))
+);

@@ -1,0 +1,84 @@
+-- Named queries of ingest: events with their fan-out, over HTTP and AMQP (store/events.py). Each
+-- block starts with `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
+
+-- name: insert_events
+-- One round trip for a whole batch: the events, their fan-out deliveries (the pattern rule is
+-- notifier_type_matches) and the outbox rows carrying each delivery's worker message (built by
+-- notifier_worker_message). $2 is a JSON array of {id, type, recipient, payload,
+-- idempotency_key, request_hash, channel_ids}; $3 maps a channel type to its default
+-- max_attempts. Events whose idempotency key already exists are skipped
+-- (ON CONFLICT DO NOTHING) and come back absent from the result. Events are inserted in key
+-- order, not in the order given: an insert whose key a concurrent transaction has just inserted
+-- waits for that one to finish, so two batches carrying the same keys in different orders would
+-- each wait for the other (a deadlock) — taking the keys in one order for all, they cannot.
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(
+        id uuid, type text, recipient text, payload jsonb, idempotency_key text,
+        request_hash text, channel_ids uuid[], ord integer)
+),
+ev AS (
+    INSERT INTO events AS e (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
+    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input
+    ORDER BY idempotency_key COLLATE "C", ord
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING e.id, e.type, e.recipient, e.payload, e.created_at, e AS event
+),
+targets AS (
+    SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, c.id AS channel_id,
+           c.type AS channel_type, c.config,
+           coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts
+    FROM ev
+    JOIN input i ON i.id = ev.id
+    JOIN channels c ON c.tenant_id = $1 AND c.enabled AND (
+        CASE WHEN i.channel_ids IS NOT NULL THEN c.id = ANY (i.channel_ids)
+        ELSE c.recipient IS NOT DISTINCT FROM ev.recipient
+             AND EXISTS (SELECT 1 FROM unnest(c.event_types) AS p
+                         WHERE notifier_type_matches(p, ev.type))
+        END)
+),
+dl AS (
+    INSERT INTO deliveries AS d (id, event_id, channel_id, tenant_id, channel_type, max_attempts)
+    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts FROM targets
+    RETURNING d.id, d.event_id, d AS delivery
+),
+ob AS (
+    INSERT INTO outbox (delivery_id, routing_key, body)
+    SELECT t.delivery_id, t.channel_type,
+           notifier_worker_message(dl.delivery, ev.event, t.config, 1)
+    FROM targets t JOIN dl ON dl.id = t.delivery_id JOIN ev ON ev.id = t.event_id
+)
+SELECT ev.id, ev.type, ev.recipient, ev.payload, ev.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', t.delivery_id, 'channel_id', t.channel_id,
+                     'channel_type', t.channel_type, 'status', 'PENDING')
+                     ORDER BY t.channel_id)
+                 FROM targets t WHERE t.event_id = ev.id), '[]'::jsonb) AS deliveries
+FROM ev;
+
+-- name: events_by_keys
+SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.request_hash, e.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', d.id, 'channel_id', d.channel_id,
+                     'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
+                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
+FROM events e
+WHERE e.tenant_id = $1 AND e.idempotency_key = ANY($2::text[]);
+
+-- name: event_get
+SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.created_at,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                     'id', d.id, 'channel_id', d.channel_id,
+                     'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
+                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
+FROM events e
+WHERE e.tenant_id = $1 AND e.id = $2;
+
+-- name: channels_owned
+SELECT id FROM channels WHERE tenant_id = $1 AND id = ANY($2::uuid[]);
+
+-- name: amqp_tenants_by_names
+SELECT name, id FROM tenants WHERE name = ANY($1::text[]);
+
+-- name: amqp_channels_owned
+-- The channels among $1, with their tenants: a batch may span tenants.
+SELECT tenant_id, id FROM channels WHERE id = ANY($1::uuid[]);

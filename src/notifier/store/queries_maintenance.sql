@@ -1,0 +1,69 @@
+-- Named queries of the maintenance loop: reconciler, retention, outbox hygiene
+-- (store/maintenance.py). Each block starts with `-- name: NAME`; the SQL functions they call
+-- (notifier_*) are in schema.sql.
+
+-- name: reconcile
+-- Deliveries stuck unfinished: PENDING or RETRYING, due more than $1 seconds ago (a PENDING one
+-- is due when it was last changed, a RETRYING one at next_attempt_at), with no outbox row.
+-- Their message was lost between the outbox and a worker (a deleted queue, a broker that lost
+-- its data, a message dead-lettered by the delivery limit): Postgres is the source of truth, so
+-- enqueue the next attempt again, with the channel's current config (an empty one for a
+-- deleted channel: the worker ends such a delivery DEAD without trying). At most $2 per call.
+WITH stuck AS (
+    SELECT d.id
+    FROM deliveries d
+    WHERE d.status IN ('PENDING', 'RETRYING')
+      AND coalesce(d.next_attempt_at, d.updated_at) < now() - $1::float8 * interval '1 second'
+      AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
+    ORDER BY d.updated_at
+    LIMIT $2
+    FOR UPDATE OF d SKIP LOCKED
+),
+upd AS (
+    UPDATE deliveries d SET next_attempt_at = now(), updated_at = now()
+    FROM stuck s
+    WHERE d.id = s.id
+    RETURNING d.id, d.channel_type, d.event_id, d.channel_id, d.attempt, d AS delivery
+),
+queued AS (
+    INSERT INTO outbox (delivery_id, routing_key, body)
+    SELECT u.id, u.channel_type,
+           notifier_worker_message(u.delivery, e, coalesce(c.config, '{}'::jsonb), u.attempt + 1)
+    FROM upd u JOIN events e ON e.id = u.event_id LEFT JOIN channels c ON c.id = u.channel_id
+)
+SELECT id FROM upd;
+
+-- name: retention
+-- Delete up to $2 events older than $1 days whose deliveries are all finished (their
+-- deliveries and attempts go with them, by cascade). An event with an unfinished delivery is
+-- kept, however old: nothing accepted is dropped before it is delivered or dead.
+DELETE FROM events
+WHERE id IN (
+    SELECT e.id FROM events e
+    WHERE e.created_at < now() - $1::integer * interval '1 day'
+      AND NOT EXISTS (SELECT 1 FROM deliveries d
+                      WHERE d.event_id = e.id AND d.status IN ('PENDING', 'RETRYING'))
+    ORDER BY e.created_at
+    LIMIT $2
+    FOR UPDATE OF e SKIP LOCKED
+)
+RETURNING id;
+
+-- name: outbox_hygiene
+-- Outbox rows that can no longer do anything: their delivery is gone (retention) or finished,
+-- and they are older than a minute (so a row being written with its delivery is never
+-- touched). Locked rows (a relay publishing them) are skipped.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT o.id FROM outbox o
+    LEFT JOIN deliveries d ON d.id = o.delivery_id
+    WHERE o.created_at < now() - interval '1 minute'
+      AND (d.id IS NULL OR d.status IN ('DELIVERED', 'DEAD'))
+    LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED
+)
+RETURNING id;
+
+-- name: outbox_refused_count
+-- Rows the broker keeps refusing (e.g. a channel type no worker group declares): worth a look.
+SELECT count(*) FROM outbox WHERE publish_failures >= $1;
