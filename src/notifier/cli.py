@@ -14,7 +14,7 @@ import trio
 
 from notifier import service
 from notifier.config import Config, load_config
-from notifier.errors import ConfigError, NotifierError, StoreError
+from notifier.errors import ConfigError, NotifierError
 from notifier.ingest.tenants import hash_api_key
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
@@ -80,8 +80,6 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _describe(exc: BaseException, args: argparse.Namespace) -> str:
     if isinstance(exc, ConfigError):
         return f"config error: {exc}"
-    if isinstance(exc, StoreError) and args.command == "tenant" and "unique" in str(exc).lower():
-        return f"a tenant named {args.name!r} already exists"
     return str(exc) or repr(exc)
 
 

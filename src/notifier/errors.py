@@ -1,4 +1,27 @@
-"""The one exception hierarchy of notifier. Library errors are mapped to these at each boundary."""
+"""The one exception hierarchy of notifier: every error it raises on purpose derives from
+``NotifierError``. Library errors are mapped to these at each boundary.
+
+    NotifierError
+    ├── ConfigError              the configuration file or environment (the CLI exits 2)
+    ├── InvalidInput             what a caller sent is refused (also a ValueError)
+    │   ├── adapters.base.InvalidChannelConfig
+    │   ├── ingest.jsonguard.JsonRefused
+    │   └── ingest.jsonguard.BodyRefused
+    ├── StoreError               Postgres
+    │   ├── StoreUnavailable
+    │   │   └── store.base.StoreConflict
+    │   ├── UnstorableText
+    │   └── store.errors: TenantExists, IdempotencyConflict, UnknownChannels, ConfigChanged,
+    │       NotFound, NotReplayable (what a caller asked of the store)
+    ├── BrokerError              RabbitMQ
+    ├── DeliveryError            one delivery attempt's outcome
+    │   ├── RetriableError
+    │   └── PermanentError
+    ├── AdapterCrash             an adapter's I/O layer raised the unexpected (a bug)
+    │   ├── adapters.webhook.WebhookAdapterCrash
+    │   └── adapters.telegram.TelegramAdapterCrash
+    └── ingest.api.http.ApiError an HTTP answer other than success, raised in a route only
+"""
 
 from __future__ import annotations
 
@@ -9,6 +32,12 @@ class NotifierError(Exception):
 
 class ConfigError(NotifierError):
     """The configuration file or environment is invalid; the message names the key."""
+
+
+class InvalidInput(NotifierError, ValueError):
+    """What a caller sent (a request body, a channel config) is refused: bad input, answered
+    with a 4xx, never a server fault. Also a ``ValueError``, so that a struct's
+    ``__post_init__`` may raise it and msgspec reports it as a validation error."""
 
 
 class StoreError(NotifierError):
@@ -58,3 +87,9 @@ class PermanentError(DeliveryError):
     ) -> None:
         super().__init__(message, status_code=status_code)
         self.disable_channel = disable_channel
+
+
+class AdapterCrash(NotifierError):
+    """An adapter's I/O layer raised something unexpected (a bug), re-raised with its text
+    scrubbed of secrets: the worker's panic path logs and stores it, and the delivery ends
+    ``DEAD``."""

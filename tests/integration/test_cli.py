@@ -9,6 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import trio
+
+from notifier.errors import StoreError
+from notifier.store import open_store
+from notifier.store.errors import TenantExists
 from tests.integration.conftest import PG_ADMIN, sql
 
 
@@ -81,6 +87,22 @@ async def test_tenant_create_prints_the_key_once_and_stores_only_its_hash(
     again = notifier("tenant", "create", "acme", "--config", str(cfg))
     assert again.returncode == 1
     assert "already exists" in again.stderr
+
+
+async def test_only_a_taken_name_is_tenant_exists(database_url: str) -> None:
+    """What ``tenant create`` reports as "already exists" is the store's ``TenantExists``,
+    raised for the name's unique constraint only: another unique violation (an API key hash
+    that is taken) stays a plain store error."""
+    with trio.fail_after(30):
+        async with open_store(database_url, max_size=2) as store:
+            await store.create_tenant("acme", "hash-1")
+            with pytest.raises(TenantExists) as taken:
+                await store.create_tenant("acme", "hash-2")
+            assert taken.value.name == "acme"
+            assert str(taken.value) == "a tenant named 'acme' already exists"
+            with pytest.raises(StoreError) as other:
+                await store.create_tenant("other", "hash-1")
+            assert not isinstance(other.value, TenantExists)
 
 
 def test_config_errors_exit_2_naming_the_key(tmp_path: Path) -> None:

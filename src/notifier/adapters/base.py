@@ -8,10 +8,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from notifier.errors import InvalidInput
 from notifier.messages import WorkerMessage
 
 
-class InvalidChannelConfig(ValueError):
+class InvalidChannelConfig(InvalidInput):
     """A channel's config is unusable; ``field`` names the offending key (e.g. ``config.url``)."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -47,7 +47,7 @@ from notifier.adapters.telegram_channels import (
 )
 from notifier.adapters.templates import render
 from notifier.config import TelegramWorkersConfig
-from notifier.errors import ConfigError, PermanentError, RetriableError
+from notifier.errors import AdapterCrash, ConfigError, PermanentError, RetriableError
 from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
 
@@ -262,7 +262,7 @@ def transport_error(exc: Exception, secret: str | None) -> Exception:
     return TelegramAdapterCrash(f"{name}: {text}")
 
 
-class TelegramAdapterCrash(RuntimeError):
+class TelegramAdapterCrash(AdapterCrash):
     """An unexpected exception from the I/O layer, its text scrubbed (the worker's panic path
     logs and stores it)."""
 

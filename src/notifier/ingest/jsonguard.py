@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from notifier.errors import InvalidInput
 from notifier.validation import locate
 
 T = TypeVar("T")
@@ -68,7 +69,7 @@ _BAD_ESCAPE_CANDIDATE = re.compile(_BAD)
 _BAD_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*" + _BAD)
 
 
-class JsonRefused(ValueError):
+class JsonRefused(InvalidInput):
     """A body that breaks one of the rules above; ``path`` is where (``""``: the body)."""
 
     def __init__(self, path: str, problem: str) -> None:
@@ -76,7 +77,7 @@ class JsonRefused(ValueError):
         self.path, self.problem = path, problem
 
 
-class BodyRefused(ValueError):
+class BodyRefused(InvalidInput):
     """Why a body cannot be decoded: ``code`` ``invalid_json`` (not JSON: 400) or
     ``validation_error`` (a rule above, or the model, refuses it: 422), and a message naming
     the path."""

@@ -7,13 +7,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import asyncpg
+
 from notifier.store.base import SCHEMA_PATH, Q, crossing, transaction
+from notifier.store.errors import TenantExists
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
 MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
 # Schema changes may rewrite big tables or wait for another migrate: not bounded like requests.
 MIGRATE_TIMEOUT_SECONDS = 3600.0
+TENANT_NAME_CONSTRAINT = "tenants_name_key"  # Postgres's name for schema.sql's UNIQUE (name)
 
 
 class AdminQueries(Queries):
@@ -42,7 +46,13 @@ class AdminQueries(Queries):
 
     @transaction
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
-        row = await self._pool.fetchrow(Q["tenant_create"], uuid.uuid4(), name, api_key_hash)
+        """The new tenant's id; ``TenantExists`` if the name is taken."""
+        try:
+            row = await self._pool.fetchrow(Q["tenant_create"], uuid.uuid4(), name, api_key_hash)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != TENANT_NAME_CONSTRAINT:
+                raise
+            raise TenantExists(name) from exc
         assert row is not None
         tenant_id: uuid.UUID = row["id"]
         return tenant_id

@@ -9,6 +9,14 @@ from collections.abc import Sequence
 from notifier.errors import StoreError
 
 
+class TenantExists(StoreError):
+    """A tenant with this name already exists (names are unique)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a tenant named {name!r} already exists")
+        self.name = name
+
+
 class IdempotencyConflict(StoreError):
     """An idempotency key was reused with a different request body."""
 

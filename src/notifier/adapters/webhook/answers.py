@@ -11,7 +11,7 @@ import httpx
 
 from notifier.adapters.base import Receipt
 from notifier.adapters.webhook.headers import scrub_request
-from notifier.errors import PermanentError, RetriableError
+from notifier.errors import AdapterCrash, PermanentError, RetriableError
 
 RETRIABLE_STATUS = frozenset({408, 425, 429})
 
@@ -62,7 +62,7 @@ def classify(
     raise PermanentError(detail, status_code=status_code)
 
 
-class WebhookAdapterCrash(RuntimeError):
+class WebhookAdapterCrash(AdapterCrash):
     """An unexpected exception from the I/O layer, its text scrubbed of the request's header
     values and secrets (the worker's panic path logs and stores it)."""
 

@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 import msgspec
 from quart import Response, request
 
+from notifier.errors import NotifierError
 from notifier.ingest import jsonguard
 from notifier.ingest.views import ErrorBody, ErrorDetail
 
 B = TypeVar("B")
 
 
-class ApiError(Exception):
+class ApiError(NotifierError):
     """An answer other than success: ``status`` with ``{"error": {"code", "message"}}``."""
 
     def __init__(
