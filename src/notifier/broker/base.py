@@ -9,6 +9,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from notifier.settle import Settle as Settle  # where the broker's callers have it from
+
 
 class Outgoing(NamedTuple):
     exchange: str
@@ -26,12 +28,6 @@ class Confirm(enum.Enum):
     RETURNED = "returned"  # mandatory publish with no queue to route to
     NACKED = "nacked"  # the broker refused it (e.g. a full queue with reject-publish)
     UNCONFIRMED = "unconfirmed"  # no answer in time or the channel broke: treat as not sent
-
-
-class Settle(enum.Enum):
-    ACK = "ack"
-    REJECT = "reject"  # requeue=false: dead-letters to the type's DLQ
-    REQUEUE = "requeue"  # nack with requeue=true: back to the queue, status unchanged
 
 
 class Publisher(Protocol):

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from notifier.broker.base import Settle
 from notifier.broker.topology import tier_for
+from notifier.settle import Settle
 
 
 class Result(enum.Enum):
