@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket, TokenBucket
+from notifier.ratelimit import KeyedLimiter, RefillingBucket, TokenBucket
 
 
 def test_a_refilling_bucket_allows_a_burst_then_the_rate() -> None:

@@ -16,7 +16,6 @@ import trio
 import trio.testing
 
 from notifier.adapters.base import InvalidChannelConfig, RateLimiter, Receipt
-from notifier.adapters.ratelimit import KeyedLimiter, RateLimits, TokenBucket
 from notifier.adapters.registry import build_adapters
 from notifier.adapters.telegram import (
     DEFAULT_TEXT_TEMPLATE,
@@ -36,6 +35,7 @@ from notifier.adapters.telegram import (
 from notifier.config import TelegramWorkersConfig, parse_config
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.ratelimit import KeyedLimiter, RateLimits, TokenBucket
 from notifier.testing import worker_message
 
 TOKEN = "123456789:AAH-unit_test_token_do_not_leak"

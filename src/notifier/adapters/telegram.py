@@ -36,7 +36,6 @@ import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.adapters.http import BoundedTransport, ClientPool, new_client
-from notifier.adapters.ratelimit import RateLimits
 from notifier.adapters.telegram_channels import (
     CHAT_ID_FIELD,
     EXAMPLE,
@@ -50,6 +49,7 @@ from notifier.config import TelegramWorkersConfig
 from notifier.errors import AdapterCrash, ConfigError, PermanentError, RetriableError
 from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
+from notifier.ratelimit import RateLimits
 
 __all__ = [  # the channel-config names, importable from here as before
     "CHAT_ID_FIELD", "EXAMPLE", "TEXT_TEMPLATE_FIELD", "TelegramAdapter", "TelegramChannels",

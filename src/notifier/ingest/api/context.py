@@ -14,10 +14,10 @@ from prometheus_client import Counter
 from quart import Quart, current_app
 
 from notifier.adapters.base import ChannelValidator
-from notifier.adapters.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.config import Config
 from notifier.ingest.tenants import TenantCache
 from notifier.metrics import Metrics, ScrapeReader
+from notifier.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.store.api import ApiStore
 
 _EXTENSION = "notifier.api"

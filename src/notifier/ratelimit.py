@@ -1,8 +1,11 @@
-"""In-process rate limits for adapters: token buckets, pure and clock-free.
+"""In-process rate limits: token buckets, pure and clock-free. The HTTP API limits each tenant
+with a ``KeyedLimiter`` of ``RefillingBucket`` (answering 429), the Telegram adapter each chat
+and its bot with ``RateLimits``.
 
-Every method takes ``now`` (seconds on any monotonic clock; adapters pass ``trio.current_time()``
+Every method takes ``now`` (seconds on any monotonic clock; callers pass ``trio.current_time()``
 so the limits follow trio's ``MockClock`` in tests). Nothing here sleeps: a limiter answers how
-long to wait, and the worker turns that wait into a trip through a delay tier (DESIGN §5).
+long to wait, and the caller acts on it (the worker turns that wait into a trip through a delay
+tier, DESIGN §5).
 
 A ``TokenBucket`` holds ``tokens`` tokens and each token spent comes back exactly ``period``
 seconds after it was spent (the "sliding log" form of a token bucket). So at most ``tokens``
