@@ -87,6 +87,9 @@ class RelayConfig(_Section, frozen=True):
 
 
 class RetryConfig(_Section, frozen=True):
+    """The retry policy: exponential backoff from ``base_seconds`` capped at ``max_seconds``,
+    rounded up to a delay tier. The worker's decisions take this section as it is."""
+
     base_seconds: PositiveFloat = 30.0
     max_seconds: PositiveFloat = 1800.0
     tiers_seconds: tuple[Positive, ...] = (1, 5, 15, 30, 60, 120, 240, 480, 960, 1800)

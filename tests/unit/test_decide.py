@@ -8,6 +8,7 @@ import pytest
 
 from notifier.broker.base import Settle
 from notifier.broker.topology import tier_for
+from notifier.config import parse_config
 from notifier.worker.decide import (
     Decision,
     Result,
@@ -21,6 +22,16 @@ from notifier.worker.decide import (
 DEFAULT = RetryPolicy()  # base 30 s, cap 1800 s, the default tiers
 TIERS = (1, 5, 15, 30, 60, 120, 240, 480, 960, 1800)
 NOW = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_the_policy_is_the_retry_section_with_its_rules() -> None:
+    """The worker decides with ``[retry]`` itself: a policy whose tiers are out of order (which
+    ``tier_for``'s bisection cannot use) is refused however it is made."""
+    config = parse_config({"retry": {"base_seconds": 2}}, env={})
+    assert isinstance(config.retry, RetryPolicy)
+    assert backoff_seconds(2, config.retry) == 4
+    with pytest.raises(ValueError, match="strictly increasing"):
+        RetryPolicy(tiers_seconds=(30, 5))
 
 
 def test_the_default_policy_is_the_one_in_the_design() -> None:

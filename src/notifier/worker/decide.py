@@ -7,13 +7,16 @@ attempt's result into a ``Decision`` here and carries it out; it decides nothing
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import msgspec
 
 from notifier.broker.topology import tier_for
+from notifier.config import RetryConfig
 from notifier.settle import Settle
+
+# The ``[retry]`` section is the policy: one struct, read from the config, no copy of its fields.
+RetryPolicy = RetryConfig
 
 
 class Result(enum.Enum):
@@ -21,12 +24,6 @@ class Result(enum.Enum):
     RETRIABLE = "retriable"
     PERMANENT = "permanent"
     PANIC = "panic"  # the handler or adapter raised something that is not a DeliveryError
-
-
-class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    base_seconds: float = 30.0
-    max_seconds: float = 1800.0
-    tiers_seconds: Sequence[int] = (1, 5, 15, 30, 60, 120, 240, 480, 960, 1800)
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):

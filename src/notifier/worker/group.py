@@ -20,7 +20,6 @@ from notifier.errors import BrokerError
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
-from notifier.worker.decide import RetryPolicy
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.handle import Handler
 from notifier.worker.observe import (
@@ -67,13 +66,6 @@ def outcome_observers(
     if reporter is not None:
         observers.append(SentryObserver(reporter))
     return Observers(*observers)
-
-
-def retry_policy(config: Config) -> RetryPolicy:
-    r = config.retry
-    return RetryPolicy(
-        base_seconds=r.base_seconds, max_seconds=r.max_seconds, tiers_seconds=r.tiers_seconds
-    )
 
 
 async def run_worker_group(
@@ -123,7 +115,7 @@ async def run_worker_group(
             publish = RepairingPublish(retries, publishing.declare, topology)
             handler = Handler(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
-                policy=retry_policy(config),
+                policy=config.retry,
                 observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
