@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
-import trio
 import trio_asyncio
 
 log = logging.getLogger("notifier.bridge")
@@ -42,7 +41,3 @@ async def aio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) 
     """Trio-flavoured: run the asyncio-flavoured ``fn(*args, **kwargs)`` on the bridge loop."""
     result: T = await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
     return result
-
-
-def trio_token() -> trio.lowlevel.TrioToken:
-    return trio.lowlevel.current_trio_token()

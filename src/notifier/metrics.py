@@ -31,10 +31,8 @@ log = logging.getLogger("notifier.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic")
-OPEN_STATUSES = ("PENDING", "RETRYING")
 # How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
 QUEUE_DEPTHS_CACHE_SECONDS = 5.0
-QUEUE_DEPTHS_TIMEOUT_SECONDS = 3.0
 
 # An attempt is bounded by workers.<type>.timeout_seconds (10 s by default).
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

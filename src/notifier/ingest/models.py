@@ -65,9 +65,7 @@ class EventIn(_Body):
     type: EventType
     payload: dict[str, Any]
     recipient: Recipient | None = None
-    channel_ids: Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)] | None = (
-        None
-    )
+    channel_ids: ChannelIds | None = None
     idempotency_key: IdempotencyKey | None = None
 
 
