@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import aiormq
@@ -24,15 +24,34 @@ from notifier.errors import BrokerError
 
 log = logging.getLogger("notifier.broker")
 
-# What aiormq raises when the broker, the connection or the channel is gone. A channel closed
-# under a publish or an acknowledgement raises ChannelInvalidStateError, a RuntimeError.
-_BROKER_ERRORS = (
-    aiormq.exceptions.AMQPError,
-    aiormq.exceptions.ChannelInvalidStateError,
-    OSError,
-    asyncio.TimeoutError,
-    ConnectionError,
+# What aiormq raises, and what it means for a publish, most specific first. Any of them is a
+# ``BrokerError`` to every other call (``broker_errors``): the broker refused, or the broker,
+# the connection or the channel is gone. A channel closed under a publish or an
+# acknowledgement raises ChannelInvalidStateError, a RuntimeError.
+_AIORMQ_ERRORS: tuple[tuple[type[BaseException], Confirm], ...] = (
+    (aiormq.exceptions.PublishError, Confirm.RETURNED),  # mandatory, and no queue to route to
+    (aiormq.exceptions.DeliveryError, Confirm.NACKED),
+    (aiormq.exceptions.AMQPError, Confirm.UNCONFIRMED),
+    (aiormq.exceptions.ChannelInvalidStateError, Confirm.UNCONFIRMED),
+    (OSError, Confirm.UNCONFIRMED),
+    (asyncio.TimeoutError, Confirm.UNCONFIRMED),
+    (ConnectionError, Confirm.UNCONFIRMED),
 )
+_BROKER_ERRORS = tuple(kind for kind, _ in _AIORMQ_ERRORS)
+
+
+@contextmanager
+def broker_errors(failure: str) -> Iterator[None]:
+    """What aiormq raises inside, raised as ``BrokerError("<failure>: <the error>")``."""
+    try:
+        yield
+    except _BROKER_ERRORS as exc:
+        raise BrokerError(f"{failure}: {exc!r}") from exc
+
+
+def _publish_outcome(exc: BaseException) -> Confirm | None:
+    """What an exception from one publish means (None: not aiormq's)."""
+    return next((confirm for kind, confirm in _AIORMQ_ERRORS if isinstance(exc, kind)), None)
 
 
 class _NoFrameBodies(logging.Filter):
@@ -88,10 +107,8 @@ class AmqpConnection:
                 if not ch.is_closed:
                     await ch.close()
 
-        try:
+        with broker_errors("declaring the topology failed"):
             await aio(declare)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"declaring the topology failed: {exc!r}") from exc
 
     async def wait_closed(self) -> None:
         """Trio-flavoured. Return when the connection is closed (by either side)."""
@@ -100,10 +117,8 @@ class AmqpConnection:
     @asynccontextmanager
     async def open_publisher(self, timeout_seconds: float) -> AsyncIterator[AmqpPublisher]:
         """Trio-flavoured. A channel in confirm mode; messages are published ``mandatory``."""
-        try:
+        with broker_errors("opening a publisher channel failed"):
             ch = await aio(self._conn.channel, publisher_confirms=True, on_return_raises=True)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"opening a publisher channel failed: {exc!r}") from exc
         try:
             yield AmqpPublisher(ch, timeout_seconds, self._conn)
         finally:
@@ -117,21 +132,17 @@ class AmqpConnection:
         callback never blocks). On exit the consumer is cancelled, settled messages are
         acknowledged, and the channel is closed: unsettled messages go back to the queue.
         """
-        try:
+        with broker_errors("opening a consumer channel failed"):
             ch = await aio(self._conn.channel)
             await aio(ch.basic_qos, prefetch_count=prefetch)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"opening a consumer channel failed: {exc!r}") from exc
         consumer = Consumer(ch, prefetch)
         consumer._token = trio.lowlevel.current_trio_token()
         ch.on_consumer_cancel_callbacks.add(consumer._on_broker_cancel)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(consumer._ack_loop)
-                try:
+                with broker_errors(f"consuming {queue} failed"):
                     ok = await aio(ch.basic_consume, queue, consumer._on_message, no_ack=False)
-                except _BROKER_ERRORS as exc:
-                    raise BrokerError(f"consuming {queue} failed: {exc!r}") from exc
                 consumer._tag = ok.consumer_tag
                 try:
                     yield consumer
@@ -198,6 +209,26 @@ def _publish_properties(m: Outgoing) -> dict[str, Any]:
     return props
 
 
+def id_rounds(messages: Sequence[Outgoing]) -> list[list[int]]:
+    """The indexes of ``messages`` in publish rounds in which no ``message_id`` appears twice.
+
+    aiormq matches a returned message to its publish by ``message_id`` (a return carries no
+    delivery tag): with two copies of one id in flight, one's return would be taken for the
+    other's, and a lost copy counted as confirmed. Usually one round; messages without an id
+    get a unique one from aiormq."""
+    rounds: list[list[int]] = []
+    uses: dict[str, int] = {}
+    for index, m in enumerate(messages):
+        n = 0
+        if m.message_id:
+            n = uses.get(m.message_id, 0)
+            uses[m.message_id] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(index)
+    return rounds
+
+
 class AmqpPublisher:
     """Trio-flavoured publisher on one confirm-mode channel."""
 
@@ -243,11 +274,22 @@ class AmqpPublisher:
         await _wait_closing(self._ch)
 
     async def publish_batch(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        """Trio-flavoured. Publish all, await all confirms together; one result per message.
+        Messages that share a ``message_id`` go in rounds of their own (``id_rounds``)."""
         if not messages:
             return []
         return await aio(self._publish_batch_aio, messages)
 
     async def _publish_batch_aio(self, messages: Sequence[Outgoing]) -> list[Confirm]:
+        """Asyncio-flavoured: each round of ``id_rounds`` published, then its confirms awaited."""
+        results = [Confirm.UNCONFIRMED] * len(messages)
+        for indexes in id_rounds(messages):
+            confirms = await self._publish_round([messages[i] for i in indexes])
+            for i, confirm in zip(indexes, confirms, strict=True):
+                results[i] = confirm
+        return results
+
+    async def _publish_round(self, messages: Sequence[Outgoing]) -> list[Confirm]:
         """Asyncio-flavoured: publish everything, then await every confirm (bounded)."""
 
         async def one(m: Outgoing) -> Confirm:
@@ -259,12 +301,12 @@ class AmqpPublisher:
                     mandatory=True,
                     properties=Basic.Properties(**_publish_properties(m)),
                 )
-            except aiormq.exceptions.PublishError:
-                return Confirm.RETURNED
-            except aiormq.exceptions.DeliveryError:
-                return Confirm.NACKED
-            except (*_BROKER_ERRORS, asyncio.CancelledError):
+            except asyncio.CancelledError:
                 return Confirm.UNCONFIRMED
+            except Exception as exc:
+                if (outcome := _publish_outcome(exc)) is None:
+                    raise
+                return outcome
             return Confirm.CONFIRMED
 
         tasks = [asyncio.ensure_future(one(m)) for m in messages]
@@ -371,10 +413,11 @@ class Consumer:
         if not frames:
             return
         try:
-            await aio(self._send_frames, frames)
-        except _BROKER_ERRORS as exc:
+            with broker_errors(f"sending {len(frames)} acknowledgements failed"):
+                await aio(self._send_frames, frames)
+        except BrokerError as exc:
             # The channel is gone: its unacked messages go back to the queue by themselves.
-            log.warning("sending %d acknowledgements failed: %r", len(frames), exc)
+            log.warning("%s", exc)
 
     async def _ack_loop(self) -> None:
         while True:
@@ -387,7 +430,7 @@ class Consumer:
         self._stopped = True
         self._send.close()
         if self._tag is not None and not self._ch.is_closed:
-            with suppress(*_BROKER_ERRORS):
+            with suppress(BrokerError), broker_errors("cancelling the consumer failed"):
                 await aio(self._ch.basic_cancel, self._tag)
         await self._flush()
 
@@ -409,7 +452,10 @@ async def open_connection(
     (unacked messages return to queues)."""
     async with open_bridge():
         try:
-            with trio.fail_after(connect_timeout_seconds):
+            with (
+                trio.fail_after(connect_timeout_seconds),
+                broker_errors("cannot connect to RabbitMQ"),
+            ):
                 conn: Any = await aio(
                     aiormq.connect,
                     _with_heartbeat(url, heartbeat_seconds),
@@ -419,8 +465,6 @@ async def open_connection(
             raise BrokerError(
                 f"cannot connect to RabbitMQ: no answer in {connect_timeout_seconds:g} s"
             ) from exc
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"cannot connect to RabbitMQ: {exc!r}") from exc
         try:
             yield AmqpConnection(conn, name)
         finally:
@@ -449,10 +493,8 @@ async def queue_depths(
     is unreachable or has not answered within ``timeout_seconds``."""
     with trio.move_on_after(timeout_seconds):
         async with open_connection(url, name="metrics") as conn:
-            try:
+            with broker_errors("reading queue depths failed"):
                 return await aio(_queue_depths_aio, conn._conn, queues)
-            except _BROKER_ERRORS as exc:
-                raise BrokerError(f"reading queue depths failed: {exc!r}") from exc
     raise BrokerError("RabbitMQ did not answer in time")
 
 
