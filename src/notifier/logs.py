@@ -6,7 +6,7 @@ it. The handler carries a ``SecretFilter`` that rewrites each record before it i
 its message (with the arguments merged in), its ``extra=`` fields, its traceback and its stack
 lose every secret a pattern recognises (API keys, webhook secrets, bot tokens, ``Authorization``
 values, passwords in URLs and in ``password=…`` pairs) and every exact string registered with
-``register_secret`` (the SMTP password and the bot token, read from the environment). The
+``notifier.secrets.register_secret`` (the SMTP password and the bot token). The
 record is rewritten in place, so whatever sees it after the handler (Sentry's breadcrumbs)
 sees it scrubbed too.
 
@@ -20,122 +20,31 @@ import logging
 import os
 import re
 import sys
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
-from urllib.parse import quote
 
 import msgspec
 
 from notifier.config import LoggingConfig
 from notifier.errors import ConfigError
+from notifier.secrets import (
+    REDACTED,
+    SECRET_KEY_NAME,
+    SECRETS,
+    SecretRegistry,
+    register_secret,
+)
+
+__all__ = ["REDACTED", "SecretRegistry", "register_secret"]  # their home is notifier.secrets
 
 LEVEL_ENV = "NOTIFIER_LOG_LEVEL"
-REDACTED = "[redacted]"
 NOISY_LOGGERS = ("httpx", "httpcore", "aiormq", "hypercorn.access")
 
 # The attributes every LogRecord has; anything else on a record came from ``extra=``.
 _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 # -- scrubbing ----------------------------------------------------------------------------------
-
-_NOT_DONE = rf"(?!{re.escape(REDACTED)})"  # scrubbing twice changes nothing
-_SECRET_KEY = r"[\w-]*(?:password|passwd|secret|token|api[_-]?key)"
-_Sub = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
-
-
-def _pair(m: re.Match[str]) -> str:
-    quote_ = m["quote"] or ""
-    return f"{m['key']}{m['sep']}{m['b'] or ''}{quote_}{REDACTED}{quote_}"
-
-
-_PATTERNS: tuple[_Sub, ...] = (
-    # An Authorization header's value, with or without its scheme.
-    (
-        re.compile(
-            r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)"
-            rf"((?>(?:(?:bearer|basic|digest|token)\s+)?)){_NOT_DONE}[^\s\"',;]+"
-        ),
-        rf"\1\2{REDACTED}",
-    ),
-    # Bearer credentials anywhere; Basic ones when they look like base64 (not "basic setup").
-    (re.compile(rf"(?i)\b(bearer\s+){_NOT_DONE}[A-Za-z0-9._~+/=-]+"), rf"\1{REDACTED}"),
-    (
-        re.compile(r"(?i)\b(basic\s+)(?-i:(?![a-z]+\b))[A-Za-z0-9+/]{6,}={0,2}(?![\w+/=])"),
-        rf"\1{REDACTED}",
-    ),
-    # A bot token in a Bot API URL path (/bot<id>:<secret>/sendMessage), whatever its shape.
-    (re.compile(rf"(/bot\d+(?::|%3A)){_NOT_DONE}[^/\s?#\"']+"), rf"\1{REDACTED}"),
-    # A bot token anywhere: <bot id>:<35-ish urlsafe characters>; the bot id is not a secret.
-    # (A uuid after a number and a colon is not a token.)
-    (
-        re.compile(r"(?<!\d)(\d{3,}:)(?![0-9a-f]{8}-[0-9a-f]{4}-)[A-Za-z0-9_-]{30,}"),
-        rf"\1{REDACTED}",
-    ),
-    # notifier API keys (nk_ + urlsafe token) and webhook secrets (whsec_ + base64).
-    (re.compile(r"\bnk_[A-Za-z0-9_-]+"), f"nk_{REDACTED}"),
-    (re.compile(r"\bwhsec_[A-Za-z0-9+/=_-]+"), f"whsec_{REDACTED}"),
-    # A header value an HTTP library refuses and quotes (h11: ``Illegal header value b'…'``):
-    # custom webhook headers carry credentials, and httpcore logs its errors at DEBUG. The
-    # value ends h11's message but may be escaped any number of times: the line goes.
-    (re.compile(rf"(?i)(illegal header value ){_NOT_DONE}[^\n]*"), rf"\1{REDACTED}"),
-    # scheme://user:password@host → scheme://user:***@host
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):[^/?#\s]*@"), r"\1:***@"),
-    # password=…, "password": "…", token='…', api_key=… (the key is kept, the value goes).
-    (
-        re.compile(
-            rf"(?i)(?P<key>\b{_SECRET_KEY})(?P<sep>\s*=\s*|[\"']\s*:\s*)"
-            rf"(?:(?P<b>b?)(?P<quote>[\"'])(?:(?!(?P=quote))[^\\]|\\.)*(?P=quote)"
-            rf"|{_NOT_DONE}[^\s,;&\"'()\[\]{{}}]+)"
-        ),
-        _pair,
-    ),
-)
-_SECRET_KEY_NAME = re.compile(rf"(?i){_SECRET_KEY}")
-# What every pattern above needs somewhere in the text (a superset: one search rules them all
-# out for the usual line of ids and numbers, which then costs one scan instead of nine).
-_MAY_HOLD_SECRET = re.compile(
-    r"(?i)authorization|bearer|basic|/bot|\d{3}(?::|%3A)[\w-]{30}|nk_|whsec_|://|passw|secret"
-    r"|token|api[_-]?key|header value"
-)
-# Text of only these characters (ids, numbers) cannot hold anything a pattern looks for.
-_PLAINLY_SAFE = "0123456789abcdefABCDEF-. "
-
-
-class SecretRegistry:
-    """Exact secret strings known at run time, scrubbed wherever they appear (also
-    percent-encoded, as they appear in URLs). A secret is never unregistered."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._forms: tuple[str, ...] = ()
-
-    def register(self, secret: str) -> None:
-        if not secret:
-            return
-        with self._lock:
-            forms = {*self._forms, secret, quote(secret, safe="")}
-            # Longest first, so a secret containing another one is replaced whole.
-            self._forms = tuple(sorted(forms, key=len, reverse=True))
-
-    def scrub(self, text: str) -> str:
-        """``text`` without the registered secrets and without anything a pattern recognises."""
-        for form in self._forms:  # a tuple, replaced whole: safe to read while one is added
-            text = text.replace(form, REDACTED)
-        if not text.strip(_PLAINLY_SAFE) or not _MAY_HOLD_SECRET.search(text):
-            return text
-        for pattern, replacement in _PATTERNS:
-            text = pattern.sub(replacement, text)
-        return text
-
-
-SECRETS = SecretRegistry()
-
-
-def register_secret(secret: str) -> None:
-    """Scrub ``secret`` from every log line of this process from now on."""
-    SECRETS.register(secret)
 
 
 class SecretFilter(logging.Filter):
@@ -171,12 +80,36 @@ class SecretFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = scrub(record.stack_info)
         for key, value in extra_fields(record).items():
-            if _SECRET_KEY_NAME.fullmatch(key) and value is not None:
+            if SECRET_KEY_NAME.fullmatch(key) and value is not None:
                 setattr(record, key, REDACTED)
             elif isinstance(value, str):
                 setattr(record, key, scrub(value))
             elif not isinstance(value, int | float | bool | None):
                 setattr(record, key, scrub(str(value)))
+        return True
+
+
+class KnownSecretsFilter(logging.Filter):
+    """Replaces the registered secrets (``notifier.secrets``) with ``marker`` in the records of
+    the loggers it is installed on, before any handler sees them (whatever level the loggers
+    are configured at, whichever handlers they have)."""
+
+    def __init__(self, marker: str = REDACTED, secrets: SecretRegistry | None = None) -> None:
+        super().__init__()
+        self._marker = marker
+        self._secrets = secrets if secrets is not None else SECRETS
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a broken record: leave it to the handler to complain
+            return True
+        clean = self._secrets.known(text, marker=self._marker)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            traceback = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = self._secrets.known(traceback, marker=self._marker)
         return True
 
 

@@ -57,3 +57,19 @@ async def test_a_closed_channel_under_a_publish_or_an_ack_is_a_broker_failure(
             assert await publisher.publish_batch([out]) == [Confirm.UNCONFIRMED]
             incoming.settle(Settle.ACK)  # acknowledged on a channel that is gone
         # leaving open_consumer flushed that acknowledgement: it failed quietly
+
+
+async def test_copies_with_one_message_id_are_each_confirmed_for_what_became_of_them(
+    broker_url: str,
+) -> None:
+    """aiormq matches a returned message to its publish by ``message_id``: published together,
+    a copy with no queue and a copy that lands, both with one id, would have their outcomes
+    swapped (the lost copy counted as confirmed). The publisher keeps them apart itself."""
+    lost = Outgoing("deliveries", "nowhere", b"{}", "same-id")
+    lands = Outgoing("deliveries", "webhook", b"{}", "same-id")
+    async with open_bridge(), open_connection(broker_url, name="test") as conn:
+        await conn.declare(build_topology(["webhook"], [1], "quorum"))
+        async with conn.open_publisher(5) as publisher:
+            with trio.fail_after(10):
+                confirms = await publisher.publish_batch([lost, lands, lost, lands])
+    assert confirms == [Confirm.RETURNED, Confirm.CONFIRMED] * 2

@@ -202,23 +202,17 @@ async def test_unconfirmed_publishes_on_a_closed_broker_raise_its_error() -> Non
     assert len(outbox.rows) == 1
 
 
-async def test_a_delivery_is_published_once_per_batch() -> None:
+async def test_two_rows_of_one_delivery_are_published_in_the_same_batch() -> None:
+    """Rows of one delivery share a message id; the publisher keeps such copies apart (see
+    ``broker.amqp.id_rounds``), so the relay just publishes them."""
     outbox, mq = MemoryOutbox(), broker()
-    first = outbox.add(delivery(1), "webhook", b"first")
-    second = outbox.add(delivery(1), "webhook", b"second")
-    other = outbox.add(delivery(2), "webhook", b"other")
+    outbox.add(delivery(1), "webhook", b"first")
+    outbox.add(delivery(1), "webhook", b"second")
+    outbox.add(delivery(2), "webhook", b"other")
 
     assert await relay_once(outbox, mq, batch_size=10) == 3
 
-    assert [m.body for m in mq.published] == [b"first", b"other"]
-    assert sorted(outbox.rows) == [second]
-    assert second not in outbox.refused
-    assert first not in outbox.rows
-    assert other not in outbox.rows
-
-    assert await relay_once(outbox, mq, batch_size=10) == 1
-
-    assert [m.body for m in mq.published] == [b"first", b"other", b"second"]
+    assert [m.body for m in mq.published] == [b"first", b"second", b"other"]
     assert outbox.rows == {}
 
 

@@ -3,7 +3,8 @@
 A channel's config is validated by ``EmailChannels`` (no secret needed); ``EmailAdapter``
 delivers. The pure parts (``parse_config``, ``build_message``, ``classify_error``,
 ``receipt``) are kept apart from the thin I/O in ``EmailAdapter.deliver``, so they are tested
-as tables without sockets. This is the only aiosmtplib code.
+as tables without sockets. This is the only aiosmtplib code: ``smtp_errors`` maps its
+exceptions to ours.
 
 Anything that becomes a header (``to``, the rendered subject, ``from``) must not hold CR, LF or
 NUL: refused with 422 at channel create, a ``PermanentError`` at delivery, a ``ConfigError`` for
@@ -16,11 +17,12 @@ import asyncio
 import re
 import ssl
 import uuid
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime
+from types import UnionType
 from typing import Any
 
 import aiosmtplib
@@ -32,8 +34,8 @@ from notifier.adapters.templates import compile_template, render
 from notifier.bridge import aio
 from notifier.config import EmailWorkersConfig
 from notifier.errors import ConfigError, DeliveryError, PermanentError, RetriableError
-from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
+from notifier.secrets import register_secret, scrub_known, secret_forms
 from notifier.validation import describe
 
 EXAMPLE = {"to": "ops@example.com"}
@@ -175,42 +177,82 @@ def _code_class_error(code: int, detail: str) -> DeliveryError:
     return RetriableError(detail, status_code=code)  # 4xx, and anything unexpected
 
 
-def classify_error(exc: Exception) -> DeliveryError | None:
-    """Map what aiosmtplib raised to our error; None for something that is not SMTP's.
+def _recipients_refused(exc: aiosmtplib.SMTPRecipientsRefused) -> DeliveryError:
+    refused = _clip("; ".join(f"{r.recipient}: {r.code} {r.message}" for r in exc.recipients), 1000)
+    codes = [r.code for r in exc.recipients]
+    temporary = [c for c in codes if not 500 <= c < 600]
+    # Any recipient refused only for now: a later attempt may reach it.
+    code = min(temporary) if temporary else min(codes, default=550)
+    return _code_class_error(code, f"all recipients refused: {refused}")
 
-    4xx replies, timeouts, connection and TLS errors are retriable; 5xx replies permanent.
-    """
-    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
-        refused = _clip(
-            "; ".join(f"{r.recipient}: {r.code} {r.message}" for r in exc.recipients), 1000
-        )
-        codes = [r.code for r in exc.recipients]
-        temporary = [c for c in codes if not 500 <= c < 600]
-        # Any recipient refused only for now: a later attempt may reach it.
-        code = min(temporary) if temporary else min(codes, default=550)
-        return _code_class_error(code, f"all recipients refused: {refused}")
-    if isinstance(exc, aiosmtplib.SMTPResponseException):
-        step = {
-            aiosmtplib.SMTPSenderRefused: "sender refused",
-            aiosmtplib.SMTPDataError: "message refused",
-            aiosmtplib.SMTPAuthenticationError: "login refused",
-            aiosmtplib.SMTPHeloError: "greeting refused",
-            aiosmtplib.SMTPConnectResponseError: "connection refused by the server",
-        }.get(type(exc), "the server answered")
-        return _code_class_error(exc.code, f"SMTP {exc.code}: {step}: {_clip(exc.message)}")
-    if isinstance(exc, aiosmtplib.SMTPTimeoutError | TimeoutError):
-        return RetriableError(f"timed out: {_clip(str(exc))}")
-    if isinstance(exc, aiosmtplib.SMTPConnectError | aiosmtplib.SMTPServerDisconnected | OSError):
-        return RetriableError(f"connection failed: {type(exc).__name__}: {_clip(str(exc))}")
-    if isinstance(exc, aiosmtplib.SMTPNotSupported):  # e.g. a server without SMTPUTF8
-        return PermanentError(f"not supported by the server: {_clip(str(exc))}")
-    if isinstance(exc, aiosmtplib.SMTPException):
+
+_STEPS = {
+    aiosmtplib.SMTPSenderRefused: "sender refused",
+    aiosmtplib.SMTPDataError: "message refused",
+    aiosmtplib.SMTPAuthenticationError: "login refused",
+    aiosmtplib.SMTPHeloError: "greeting refused",
+    aiosmtplib.SMTPConnectResponseError: "connection refused by the server",
+}
+
+
+def _refused_reply(exc: aiosmtplib.SMTPResponseException) -> DeliveryError:
+    step = _STEPS.get(type(exc), "the server answered")
+    return _code_class_error(exc.code, f"SMTP {exc.code}: {step}: {_clip(exc.message)}")
+
+
+# What aiosmtplib raises → our error, most specific first. 4xx replies, timeouts, connection
+# and TLS errors are retriable; 5xx replies permanent.
+_SMTP_ERRORS: tuple[tuple[type[Exception] | UnionType, Callable[[Any], DeliveryError]], ...] = (
+    (aiosmtplib.SMTPRecipientsRefused, _recipients_refused),
+    (aiosmtplib.SMTPResponseException, _refused_reply),
+    (
+        aiosmtplib.SMTPTimeoutError | TimeoutError,
+        lambda exc: RetriableError(f"timed out: {_clip(str(exc))}"),
+    ),
+    (
+        aiosmtplib.SMTPConnectError | aiosmtplib.SMTPServerDisconnected | OSError,
+        lambda exc: RetriableError(f"connection failed: {type(exc).__name__}: {_clip(str(exc))}"),
+    ),
+    (  # e.g. a server without SMTPUTF8
+        aiosmtplib.SMTPNotSupported,
+        lambda exc: PermanentError(f"not supported by the server: {_clip(str(exc))}"),
+    ),
+    (
         # The server lacks what [workers.email] asks for (STARTTLS, AUTH): an operator can fix
         # that, so the delivery waits through the retry tiers rather than dying at once.
-        return RetriableError(f"SMTP: {_clip(str(exc))}")
-    if isinstance(exc, ValueError):  # aiosmtplib refusing a malformed command or message
-        return PermanentError(f"the message cannot be sent: {_clip(str(exc))}")
-    return None
+        aiosmtplib.SMTPException,
+        lambda exc: RetriableError(f"SMTP: {_clip(str(exc))}"),
+    ),
+    (  # aiosmtplib refusing a malformed command or message
+        ValueError,
+        lambda exc: PermanentError(f"the message cannot be sent: {_clip(str(exc))}"),
+    ),
+)
+
+
+def classify_error(exc: Exception) -> DeliveryError | None:
+    """Map what aiosmtplib raised to our error (``_SMTP_ERRORS``); None for something that is
+    not SMTP's."""
+    return next((make(exc) for kind, make in _SMTP_ERRORS if isinstance(exc, kind)), None)
+
+
+@contextmanager
+def smtp_errors(password: str | None = None) -> Iterator[None]:
+    """What aiosmtplib raises inside, raised as our error (``classify_error``). An error whose
+    text would hold ``password`` or a registered secret (a server echoing it) has it replaced
+    and keeps no cause; anything not SMTP's passes through."""
+    try:
+        yield
+    except Exception as exc:
+        error = classify_error(exc)
+        if error is None:
+            raise
+        text = str(error)
+        clean = scrub_known(text, secret_forms(password or ""), marker="***")
+        if clean != text:
+            error.args = (clean,)
+            raise error from None
+        raise error from exc
 
 
 def receipt(refused: Mapping[str, aiosmtplib.SMTPResponse], reply: str) -> Receipt:
@@ -225,9 +267,10 @@ def receipt(refused: Mapping[str, aiosmtplib.SMTPResponse], reply: str) -> Recei
 
 def _scrubbed(got: Receipt, secret: str | None) -> Receipt:
     text = got.response_excerpt
-    if not secret or not text or secret not in text:
+    clean = text and scrub_known(text, secret_forms(secret or ""), marker="***")
+    if clean == text:
         return got
-    return msgspec.structs.replace(got, response_excerpt=text.replace(secret, "***"))
+    return msgspec.structs.replace(got, response_excerpt=clean)
 
 
 def _check_from(from_address: str) -> None:
@@ -303,19 +346,10 @@ class EmailAdapter:
         msg = build_message(message, cfg, self._settings.from_address)
         timeout = self._settings.timeout_seconds
         try:
-            with trio.fail_after(timeout):
+            with trio.fail_after(timeout), smtp_errors(self._password):
                 refused, reply = await aio(self._send, msg)
         except trio.TooSlowError as exc:
             raise RetriableError(f"timed out after {timeout:g} s") from exc
-        except Exception as exc:
-            error = classify_error(exc)
-            if error is None:
-                raise
-            if self._password and self._password in str(error):
-                # Defensive: a server echoing the password. Keep neither it nor the cause.
-                error.args = (str(error).replace(self._password, "***"),)
-                raise error from None
-            raise error from exc
         return _scrubbed(receipt(refused, reply), self._password)
 
     async def _send(self, msg: EmailMessage) -> tuple[dict[str, aiosmtplib.SMTPResponse], str]:

@@ -1,4 +1,5 @@
-"""The httpx clients of the HTTP adapters (webhook, telegram) and the transport they share.
+"""The httpx clients of the HTTP adapters (webhook, telegram), the transport they share, and
+what an exception from sending a request means for a delivery (``delivery_error``).
 
 One client per concurrent delivery: a single shared httpx client degrades sharply with
 concurrency under trio (DESIGN §11). A delivery borrows an idle client or makes one and gives
@@ -13,13 +14,24 @@ of a body half-way and leaving them abandoned (which trio reports as a ``Resourc
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import UnionType
 from typing import Any
 
 import httpcore
 import httpx
+
+from notifier.errors import DeliveryError, PermanentError, RetriableError
+from notifier.logs import KnownSecretsFilter
+from notifier.secrets import register_secret
+
+_HTTP_LOGGERS = (
+    "httpx", "httpcore", "httpcore.connection", "httpcore.http11", "httpcore.http2",
+    "httpcore.proxy", "httpcore.socks",
+)  # fmt: skip
 
 
 def new_client(
@@ -166,6 +178,54 @@ def as_httpx_errors() -> Iterator[None]:
             if isinstance(exc, theirs):
                 raise ours(str(exc)) from exc
         raise
+
+
+# What an exception from sending a request means for a delivery, most specific first: the
+# error raised in its place and how its text starts ("{url}" names what the adapter calls its
+# URL). A timeout's own words are left out; anything not here is a bug (the adapter's crash).
+_DELIVERY_ERRORS: tuple[tuple[type[Exception] | UnionType, type[DeliveryError], str], ...] = (
+    (httpx.TimeoutException, RetriableError, "timed out: {name}"),
+    (httpx.InvalidURL | httpx.UnsupportedProtocol, PermanentError, "unusable {url}: {text}"),
+    (httpx.HTTPError | OSError, RetriableError, "connection failed: {text}"),
+)
+
+
+def delivery_error(
+    exc: Exception, scrub: Callable[[str], str], crash: type[Exception], url: str = "URL"
+) -> Exception:
+    """What to raise in place of ``exc``, an exception from sending a request: its text
+    scrubbed (an HTTP library's error may quote the request's URL or headers). The caller
+    raises it outside its ``except`` block, so nothing chains back to ``exc``."""
+    text = scrub(describe(exc))
+    for kind, error, form in _DELIVERY_ERRORS:
+        if isinstance(exc, kind):
+            return error(form.format(name=type(exc).__name__, url=url, text=text))
+    return crash(text)
+
+
+def describe(exc: BaseException) -> str:
+    """The error and its innermost cause (an SSL verification failure, a refused connection)."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    root = exc
+    for _ in range(10):  # bounded: a chain is short, and could in theory loop
+        inner = root.__cause__ or root.__context__
+        if inner is None:
+            break
+        root = inner
+    if root is not exc and str(root) and str(root) not in text:
+        text += f" ({type(root).__name__}: {root})"
+    return text
+
+
+_HTTP_LOGS_FILTER = KnownSecretsFilter(marker="***")
+
+
+def protect_in_http_logs(secret: str) -> None:
+    """Register ``secret`` and keep it out of the httpx/httpcore log records of this process
+    (httpx logs every request URL at INFO), whatever level those loggers are configured at."""
+    register_secret(secret)
+    for name in _HTTP_LOGGERS:
+        logging.getLogger(name).addFilter(_HTTP_LOGS_FILTER)  # adding it twice is a no-op
 
 
 class BoundedBody(httpx.AsyncByteStream):

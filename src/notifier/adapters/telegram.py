@@ -1,21 +1,20 @@
 """Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot.
 
 A channel's config is validated by ``telegram_channels.TelegramChannels`` (no token needed).
-Pure parts (``build_text``, ``build_request``, ``classify``,
-``transport_error``, ``scrub``) are separate from the thin httpx I/O in ``deliver`` so they are
-tested as tables without sockets.
+Pure parts (``build_text``, ``build_request``, ``classify``, ``transport_error``) are separate
+from the thin httpx I/O in ``deliver`` so they are tested as tables without sockets.
 
 The bot token is part of every request URL (``{api_base_url}/bot<token>/sendMessage``), so it
 is kept out of everything notifier writes down:
 
 - error strings are built without the URL, and whatever text comes from elsewhere (an httpx
-  exception, a response body) goes through ``scrub`` first;
+  exception, a response body) loses the token first (``notifier.secrets``);
 - an httpx exception is never chained to the error raised in its place (its message and its
   request hold the URL);
-- a logging filter on the ``httpx`` and ``httpcore`` loggers (httpx logs every request URL at
-  INFO) replaces the token in their records, whatever level they are configured at;
-- the token is registered with ``notifier.logs.register_secret``, so the log handler scrubs it
-  from every record of every logger.
+- the token is registered with ``notifier.adapters.http.protect_in_http_logs``: a logging
+  filter on the ``httpx`` and ``httpcore`` loggers (httpx logs every request URL at INFO)
+  replaces it in their records, whatever level they are configured at, and the log handler
+  scrubs it from every record of every logger.
 
 Long texts are truncated, not refused: Telegram takes at most 4096 characters (counted in
 UTF-16 code units, as it counts them), and a notification cut short with a trailing "…" is more
@@ -24,18 +23,23 @@ useful than a delivery that is ``DEAD`` because an event's payload was large.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
-from notifier.adapters.http import BoundedTransport, ClientPool, new_client
+from notifier.adapters.http import (
+    BoundedTransport,
+    ClientPool,
+    delivery_error,
+    new_client,
+    protect_in_http_logs,
+)
 from notifier.adapters.telegram_channels import (
     CHAT_ID_FIELD,
     EXAMPLE,
@@ -47,9 +51,9 @@ from notifier.adapters.telegram_channels import (
 from notifier.adapters.templates import render
 from notifier.config import TelegramWorkersConfig
 from notifier.errors import AdapterCrash, ConfigError, PermanentError, RetriableError
-from notifier.logs import register_secret
 from notifier.messages import WorkerMessage
 from notifier.ratelimit import RateLimits
+from notifier.secrets import replace_forms, scrub_known, secret_forms
 
 __all__ = [  # the channel-config names, importable from here as before
     "CHAT_ID_FIELD", "EXAMPLE", "TEXT_TEMPLATE_FIELD", "TelegramAdapter", "TelegramChannels",
@@ -64,68 +68,11 @@ READ_LIMIT_BYTES = 64 * 1024
 REDACTED = "***"
 
 _BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
-_HTTP_LOGGERS = (
-    "httpx",
-    "httpcore",
-    "httpcore.connection",
-    "httpcore.http11",
-    "httpcore.http2",
-    "httpcore.proxy",
-    "httpcore.socks",
-)
-
-
-# -- secrets ------------------------------------------------------------------------------------
 
 
 def scrub(text: str, secret: str | None) -> str:
     """``text`` with ``secret`` (raw or percent-encoded, as it may appear in a URL) replaced."""
-    if not secret:
-        return text
-    for form in {secret, quote(secret, safe="")}:
-        text = text.replace(form, REDACTED)
-    return text
-
-
-class SecretScrubber(logging.Filter):
-    """Replaces registered secrets in the records of the loggers it is installed on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._secrets: set[str] = set()
-
-    def add(self, secret: str) -> None:
-        self._secrets.add(secret)
-
-    def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = scrub(text, secret)
-        return text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
-            return True
-        try:
-            text = record.getMessage()
-        except Exception:  # a broken record: leave it to the handler to complain
-            return True
-        clean = self.scrub(text)
-        if clean != text:
-            record.msg, record.args = clean, ()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
-        return True
-
-
-_scrubber = SecretScrubber()
-
-
-def protect_in_http_logs(secret: str) -> None:
-    """Keep ``secret`` out of the httpx/httpcore log records of this process (for good: a
-    registered secret is never unregistered, so a late record of a closed adapter is covered)."""
-    _scrubber.add(secret)
-    for name in _HTTP_LOGGERS:
-        logging.getLogger(name).addFilter(_scrubber)  # adding the same filter twice is a no-op
+    return replace_forms(text, secret_forms(secret or ""), REDACTED)
 
 
 # -- channel config -----------------------------------------------------------------------------
@@ -248,18 +195,15 @@ def classify(
 
 
 def transport_error(exc: Exception, secret: str | None) -> Exception:
-    """What to raise in place of an exception from the I/O layer, with ``secret`` scrubbed from
-    its text (httpx exceptions may name the request URL). Timeouts and connection errors are
-    retriable; an unusable URL is permanent; anything else is an adapter crash (a bug)."""
-    text = scrub(str(exc), secret)
-    name = type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
-        return RetriableError(f"timed out: {name}")
-    if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
-        return PermanentError(f"unusable Bot API URL: {name}: {text}")
-    if isinstance(exc, httpx.HTTPError | OSError):
-        return RetriableError(f"connection failed: {name}: {text}")
-    return TelegramAdapterCrash(f"{name}: {text}")
+    """What to raise in place of an exception from the I/O layer, with ``secret`` and every
+    registered secret scrubbed from its text (httpx exceptions may name the request URL).
+    Timeouts and connection errors are retriable; an unusable URL is permanent; anything else
+    is an adapter crash (a bug)."""
+    forms = secret_forms(secret or "")
+    return delivery_error(
+        exc, lambda text: scrub_known(text, forms, marker=REDACTED), TelegramAdapterCrash,
+        url="Bot API URL",
+    )  # fmt: skip
 
 
 class TelegramAdapterCrash(AdapterCrash):
@@ -288,8 +232,7 @@ class TelegramAdapter:
     ) -> None:
         if not token:
             raise ValueError("the bot token is empty")
-        protect_in_http_logs(token)
-        register_secret(token)  # scrubbed from every log line from now on
+        protect_in_http_logs(token)  # scrubbed from every log line from now on
         self._token = token
         self._api_base_url = api_base_url.rstrip("/")
         self._timeout = timeout_seconds

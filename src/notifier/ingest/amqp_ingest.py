@@ -289,37 +289,16 @@ class AmqpIngest:
         for m, reason in refused:
             log.warning("amqp ingest: message %s (app_id %r) refused, to %s: %s: %s",
                         m.message_id, m.app_id, dlq, reason.code, reason.message)  # fmt: skip
-        for group in _distinct_message_ids(refused):
-            copies = [dead_letter_copy(m, r, exchange=dlq, routing_key=self._cfg.queue)
-                      for m, r in group]  # fmt: skip
-            confirms = await self._publisher.publish_batch(copies)
-            for (m, _), confirm in zip(group, confirms, strict=True):
-                if confirm is Confirm.CONFIRMED:
-                    batch.settle(m, Settle.ACK)
-                    self._stats.dead_lettered += 1
-                else:
-                    log.warning("amqp ingest: dead-letter publish of %s %s; it goes back to "
-                                "the queue", m.message_id, confirm.value)  # fmt: skip
-
-
-def _distinct_message_ids(
-    refused: Sequence[tuple[Incoming, Rejected]],
-) -> list[list[tuple[Incoming, Rejected]]]:
-    """Split into publish rounds in which no ``message_id`` appears twice: a returned message
-    is matched to its publish by ``message_id``, so two copies in flight with the same id could
-    see one's return taken for the other's (and a lost copy counted as confirmed). Usually
-    one round; messages without an id get a unique one from the client."""
-    rounds: list[list[tuple[Incoming, Rejected]]] = []
-    uses: dict[str, int] = {}
-    for item in refused:
-        n = 0
-        if message_id := item[0].message_id:
-            n = uses.get(message_id, 0)
-            uses[message_id] = n + 1
-        if n == len(rounds):
-            rounds.append([])
-        rounds[n].append(item)
-    return rounds
+        copies = [dead_letter_copy(m, r, exchange=dlq, routing_key=self._cfg.queue)
+                  for m, r in refused]  # fmt: skip
+        confirms = await self._publisher.publish_batch(copies)
+        for (m, _), confirm in zip(refused, confirms, strict=True):
+            if confirm is Confirm.CONFIRMED:
+                batch.settle(m, Settle.ACK)
+                self._stats.dead_lettered += 1
+            else:
+                log.warning("amqp ingest: dead-letter publish of %s %s; it goes back to "
+                            "the queue", m.message_id, confirm.value)  # fmt: skip
 
 
 async def run_amqp_ingest(

@@ -49,14 +49,7 @@ async def relay_once(
     async with store.claim_outbox(batch_size) as claim:
         if not claim.rows:
             return 0
-        # message_id is the delivery id, and a return is matched to its publish by it: publish a
-        # delivery at most once per batch (a second row for it waits for the next batch).
-        batch: list[OutboxRow] = []
-        seen = set()
-        for row in claim.rows:
-            if row.delivery_id not in seen:
-                seen.add(row.delivery_id)
-                batch.append(row)
+        batch = claim.rows
         results = await publisher.publish_batch(
             [Outgoing(EXCHANGE, r.routing_key, r.body, str(r.delivery_id)) for r in batch]
         )

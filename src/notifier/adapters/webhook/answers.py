@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from email.utils import parsedate_to_datetime
 
-import httpx
-
 from notifier.adapters.base import Receipt
-from notifier.adapters.webhook.headers import scrub_request
+from notifier.adapters.http import delivery_error
 from notifier.errors import AdapterCrash, PermanentError, RetriableError
+from notifier.secrets import scrub_known
 
 RETRIABLE_STATUS = frozenset({408, 425, 429})
 
@@ -69,26 +68,9 @@ class WebhookAdapterCrash(AdapterCrash):
 
 def transport_error(exc: Exception, quoted: Iterable[str]) -> Exception:
     """What to raise in place of an exception from sending a request, its text scrubbed of
-    ``quoted`` (an HTTP library's error may quote the request: h11 names an illegal header
-    value). Timeouts and connection or protocol errors are retriable; anything else is an
-    adapter crash (a bug). The caller raises it outside its ``except`` block, so it does not
-    chain back to ``exc``."""
-    if isinstance(exc, httpx.TimeoutException):
-        return RetriableError(f"timed out: {type(exc).__name__}")
-    if isinstance(exc, httpx.TransportError | OSError):
-        return RetriableError(f"connection failed: {scrub_request(_describe(exc), quoted)}")
-    return WebhookAdapterCrash(scrub_request(_describe(exc), quoted))
-
-
-def _describe(exc: BaseException) -> str:
-    """The error and its innermost cause (an SSL verification failure, a refused connection)."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    root = exc
-    for _ in range(10):  # bounded: a chain is short, and could in theory loop
-        inner = root.__cause__ or root.__context__
-        if inner is None:
-            break
-        root = inner
-    if root is not exc and str(root) and str(root) not in text:
-        text += f" ({type(root).__name__}: {root})"
-    return text
+    ``quoted`` (``request_secrets``: an HTTP library's error may quote the request, h11 names
+    an illegal header value) and of every registered secret. Timeouts and connection or
+    protocol errors are retriable; anything else is an adapter crash (a bug). The caller raises
+    it outside its ``except`` block, so it does not chain back to ``exc``."""
+    forms = tuple(quoted)
+    return delivery_error(exc, lambda text: scrub_known(text, forms), WebhookAdapterCrash)

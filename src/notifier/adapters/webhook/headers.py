@@ -5,10 +5,9 @@ of the text of errors that quote a request."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from notifier.adapters.webhook.signing import SECRET_PREFIX
-from notifier.logs import REDACTED
 
 # Headers a channel may not set: the signature headers and what HTTP itself owns.
 RESERVED_HEADERS = frozenset(
@@ -71,7 +70,8 @@ def request_secrets(headers: Mapping[str, object], secrets: Sequence[str]) -> tu
     """What an error that quotes a request could reveal, in the forms it could be quoted in:
     each custom header value (as it is, stripped, as a ``str`` or ``bytes`` repr shows it, and
     each long word of it, such as the token after ``Bearer``) and each signing secret (with
-    its key material alone). Longest first, so a value containing another goes whole."""
+    its key material alone), for ``notifier.secrets.scrub_known``. Longest first, so a value
+    containing another goes whole."""
     forms: set[str] = set()
     for value in [*headers.values(), *secrets]:
         if isinstance(value, str):
@@ -80,10 +80,3 @@ def request_secrets(headers: Mapping[str, object], secrets: Sequence[str]) -> tu
             forms |= {as_bytes, *value.split()}
     long_enough = (form for form in forms if len(form) >= MIN_SCRUBBED_CHARS)
     return tuple(sorted(long_enough, key=len, reverse=True))
-
-
-def scrub_request(text: str, quoted: Iterable[str]) -> str:
-    """``text`` with every form in ``quoted`` (``request_secrets``) replaced."""
-    for form in quoted:
-        text = text.replace(form, REDACTED)
-    return text
