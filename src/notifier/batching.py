@@ -1,9 +1,9 @@
 """Coalesce concurrent single-item calls into batched calls.
 
 Worker tasks each ask "what is the state of delivery X?" and "record this attempt"; crossing the
-trio-asyncio bridge once per message is what limits throughput (DESIGN §11). A ``Batcher`` lets
-every task keep calling with one item while a single flusher task sends whatever has piled up
-since its last call as one batch — one bridge crossing, one SQL statement.
+trio-asyncio bridge once per message is what limits throughput (docs/architecture.md §7). A
+``Batcher`` lets every task keep calling with one item while a single flusher task sends whatever
+has piled up since its last call as one batch — one bridge crossing, one SQL statement.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and its bot with ``RateLimits``.
 Every method takes ``now`` (seconds on any monotonic clock; callers pass ``trio.current_time()``
 so the limits follow trio's ``MockClock`` in tests). Nothing here sleeps: a limiter answers how
 long to wait, and the caller acts on it (the worker turns that wait into a trip through a delay
-tier, DESIGN §5).
+tier, docs/architecture.md §5).
 
 A ``TokenBucket`` holds ``tokens`` tokens and each token spent comes back exactly ``period``
 seconds after it was spent (the "sliding log" form of a token bucket). So at most ``tokens``

@@ -40,7 +40,7 @@ async def run_relay(
     metrics: Metrics | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Trio-flavoured. The relay on an AMQP connection of its own (DESIGN §10)."""
+    """Trio-flavoured. The relay on an AMQP connection of its own (docs/architecture.md §4)."""
     types = list(config.workers.enabled())
     async with amqp.open_connection(
         config.broker.url, name="relay", heartbeat_seconds=config.broker.heartbeat_seconds

@@ -340,9 +340,9 @@ def fanout_targets(
     recipient: str | None,
     channel_ids: Sequence[uuid.UUID] | None = None,
 ) -> list[Channel]:
-    """The channels an event goes to (DESIGN §3): enabled channels of the tenant that are named
-    in ``channel_ids``, or, without it, whose recipient equals the event's (both may be None)
-    and one of whose patterns matches the event type."""
+    """The channels an event goes to (docs/architecture.md §3): enabled channels of the tenant that
+    are named in ``channel_ids``, or, without it, whose recipient equals the event's (both may be
+    None) and one of whose patterns matches the event type."""
     out = []
     for c in channels:
         if c.tenant_id != tenant_id or not c.enabled:

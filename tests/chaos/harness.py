@@ -268,8 +268,8 @@ def email_delivery_ids(mails: list[Any]) -> list[str]:
 
 
 # A component may fail and be restarted when its broker or database is lost: that is designed
-# (DESIGN §5) and logged as "<name> failed, restarting in … s: BrokerError(…)". Anything else
-# that fails a component, and these lines, are crashes.
+# (docs/architecture.md §2) and logged as "<name> failed, restarting in … s: BrokerError(…)".
+# Anything else that fails a component, and these lines, are crashes.
 _RESTARTED = re.compile(r"(\S+) failed, restarting in [\d.]+ s: (\w+)\(")
 _EXPECTED_FAILURES = {"BrokerError", "StoreUnavailable"}
 _CRASH_MARKERS = (

@@ -1,6 +1,6 @@
-"""The HTTP API (DESIGN §6) against the real service on the real Postgres: bad input is refused
-with the documented status and error body and writes nothing, idempotency, channels, batches,
-deliveries and the fan-out rule.
+"""The HTTP API (docs/architecture.md §8) against the real service on the real Postgres: bad input
+is refused with the documented status and error body and writes nothing, idempotency, channels,
+batches, deliveries and the fan-out rule.
 
 Only the ingest role runs: it writes events, deliveries and outbox rows and nothing moves them
 afterwards, so every count read after a request is final (no waiting). The ingest role touches
@@ -1110,8 +1110,8 @@ async def load_channels(db: str, tenants: list[uuid.UUID]) -> list[Channel]:
 async def test_fanout_goes_to_exactly_the_matching_channels(
     api: Api, subtests: pytest.Subtests
 ) -> None:
-    """The SQL fan-out, ``notifier.testing.fanout_targets`` and the rule as written in DESIGN §3
-    agree, case by case."""
+    """The SQL fan-out, ``notifier.testing.fanout_targets`` and the rule as written in
+    docs/architecture.md §3 agree, case by case."""
     names = {"a-all": api.a_channel["id"], "b-all": api.b_channel["id"]}
     for name, fields in {
         "orders": {"event_types": ["order.*"]},

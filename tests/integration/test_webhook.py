@@ -1,7 +1,8 @@
 """The webhook adapter for real: Standard Webhooks signatures checked with the ``standardwebhooks``
 package (also during a secret rotation), redirects not followed, 410 disabling the channel, and
-the SSRF guard (DESIGN §7): blocked addresses in every notation refused at channel create and at
-delivery without any connection attempt, DNS answers checked and the checked address dialed.
+the SSRF guard (docs/architecture.md §9): blocked addresses in every notation refused at channel
+create and at delivery without any connection attempt, DNS answers checked and the checked address
+dialed.
 
 The first part runs the whole service on the real Postgres and RabbitMQ; the second drives a
 ``WebhookAdapter`` directly against a local sink, with a fake resolver and a recording network

@@ -1,5 +1,6 @@
-"""The worker's per-message rules (DESIGN §4, §5) against the real RabbitMQ and Postgres:
-delay-tier retries, the dead-letter queue, rate limits, poison messages and lost connections."""
+"""The worker's per-message rules (docs/architecture.md §4, §5) against the real RabbitMQ and
+Postgres: delay-tier retries, the dead-letter queue, rate limits, poison messages and lost
+connections."""
 
 from __future__ import annotations
 

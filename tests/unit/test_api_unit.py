@@ -1,6 +1,7 @@
-"""The HTTP API (DESIGN §6) on the in-memory store (``notifier.testing_api.MemoryApiStore``):
-routes, statuses, error bodies, idempotency, pagination and replay, without Postgres. The
-integration tests (tests/integration/test_api.py) prove the same answers on the real SQL."""
+"""The HTTP API (docs/architecture.md §8) on the in-memory store
+(``notifier.testing_api.MemoryApiStore``): routes, statuses, error bodies, idempotency, pagination
+and replay, without Postgres. The integration tests (tests/integration/test_api.py) prove the same
+answers on the real SQL."""
 
 from __future__ import annotations
 

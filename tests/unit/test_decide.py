@@ -1,4 +1,5 @@
-"""The per-attempt decisions (DESIGN §4, §5) as tables: backoff, retry_after, tiers, outcomes."""
+"""The per-attempt decisions (docs/architecture.md §4, §5) as tables: backoff, retry_after, tiers,
+outcomes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fan-out rule (DESIGN §3) as ``notifier.testing`` states it in Python."""
+"""The fan-out rule (docs/architecture.md §3) as ``notifier.testing`` states it in Python."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The per-message handler (DESIGN §5) with an in-memory store, broker and reporter and a
-scripted adapter; one or more tests per row of the §5 table."""
+"""The per-message handler (docs/architecture.md §5) with an in-memory store, broker and reporter
+and a scripted adapter; one or more tests per row of the §5 table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The consumer's settlement plan: individual frames first, then one ack(multiple=True) for the
-longest fully-acked prefix of delivery tags (DESIGN §11). No channel is touched."""
+longest fully-acked prefix of delivery tags (docs/architecture.md §7). No channel is touched."""
 
 from __future__ import annotations
 

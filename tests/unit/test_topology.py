@@ -1,4 +1,4 @@
-"""RabbitMQ names and queue arguments (DESIGN §4): pure functions, no broker."""
+"""RabbitMQ names and queue arguments (docs/architecture.md §4): pure functions, no broker."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The channel contracts (DESIGN §7): a ``ChannelValidator`` checks a channel's config at create
-and PATCH (no secrets, built in every role that serves the API); an ``Adapter`` delivers one
-message (the deliverer: it holds the secrets and the connections, built only for workers)."""
+"""The channel contracts (docs/architecture.md §9): a ``ChannelValidator`` checks a channel's config
+at create and PATCH (no secrets, built in every role that serves the API); an ``Adapter`` delivers
+one message (the deliverer: it holds the secrets and the connections, built only for workers)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 what an exception from sending a request means for a delivery (``delivery_error``).
 
 One client per concurrent delivery: a single shared httpx client degrades sharply with
-concurrency under trio (DESIGN §11). A delivery borrows an idle client or makes one and gives
-it back afterwards, so the pool grows to the peak concurrency and its connections are reused.
+concurrency under trio (docs/architecture.md §9). A delivery borrows an idle client or makes one and
+gives it back afterwards, so the pool grows to the peak concurrency and its connections are reused.
 
 ``BoundedTransport`` is httpx over an httpcore pool whose response bodies end at a size limit.
 An adapter only keeps an excerpt of an answer, and a receiver that streams without end must not

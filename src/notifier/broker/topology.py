@@ -1,4 +1,4 @@
-"""RabbitMQ names and queue arguments, as pure functions (DESIGN §4). No I/O here."""
+"""RabbitMQ names and queue arguments, as pure functions (docs/architecture.md §4). No I/O here."""
 
 from __future__ import annotations
 

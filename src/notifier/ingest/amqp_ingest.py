@@ -2,7 +2,7 @@
 
 A batch is whatever the consumer holds — up to ``prefetch`` messages, gathered for at most
 ``batch_linger_seconds`` after the first — so one round trip to Postgres stores many events
-(DESIGN §11). Per batch, in this order:
+(docs/architecture.md §7). Per batch, in this order:
 
 1. each message is decoded and validated (``amqp_messages.parse_message``) and its ``app_id``
    resolved to a tenant (names → ids cached by ``tenants.TenantCache``);
@@ -12,7 +12,7 @@ A batch is whatever the consumer holds — up to ``prefetch`` messages, gathered
    is stored again event by event, so only the offender is refused;
 3. after the commit, the stored messages (replays included) are acked; the refused ones are
    published to the dead-letter queue with the reason, on a publishing connection of its own
-   with confirms (DESIGN §10), and acked once confirmed;
+   with confirms (docs/architecture.md §4), and acked once confirmed;
 4. anything else — Postgres unreachable, a dead-letter publish not confirmed — is held for
    ``store_retry_seconds`` and handed back to the queue (nack with requeue), never dead-lettered.
 

@@ -1,6 +1,6 @@
-"""The HTTP API (DESIGN §6) as a quart-trio app: ``create_app`` builds the app's context and
-mounts the route groups of ``notifier.ingest.api``, one per resource. Handlers validate, call
-the store, answer.
+"""The HTTP API (docs/architecture.md §8) as a quart-trio app: ``create_app`` builds the app's
+context and mounts the route groups of ``notifier.ingest.api``, one per resource. Handlers validate,
+call the store, answer.
 
 Nothing here starts background work: a request writes its rows and returns.
 """

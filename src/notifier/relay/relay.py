@@ -135,9 +135,9 @@ async def _relay_until_stopped(
 
 
 async def _wait_publishable(publisher: Publisher, stop: Stop) -> None:
-    """Trio-flavoured. Claim nothing while the broker blocks publishing (DESIGN §10: a memory or
-    disk alarm): publishes would only time out, and the relay would reconnect into the same
-    block again and again. Return when it lifts, or on ``stop``; raise ``BrokerError`` when
+    """Trio-flavoured. Claim nothing while the broker blocks publishing (docs/architecture.md §6: a
+    memory or disk alarm): publishes would only time out, and the relay would reconnect into the
+    same block again and again. Return when it lifts, or on ``stop``; raise ``BrokerError`` when
     the connection is lost meanwhile (the supervisor reconnects)."""
     with stop.intake():
         with trio.move_on_after(BLOCKED_NOTICE_SECONDS):

@@ -1,7 +1,7 @@
 """What happens to a delivery after one attempt: pure decisions, tested as tables.
 
-This is the one place where the per-message rules of DESIGN §5 live. The handler turns an
-attempt's result into a ``Decision`` here and carries it out; it decides nothing itself.
+This is the one place where the per-message rules of docs/architecture.md §5 live. The handler turns
+an attempt's result into a ``Decision`` here and carries it out; it decides nothing itself.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def decide(
     now: datetime,
     retry_after: float | None = None,
 ) -> Decision:
-    """The DESIGN §5 table for one attempt's result.
+    """The docs/architecture.md §5 table for one attempt's result.
 
     - delivered → ``DELIVERED``, ack;
     - retriable with attempts left → ``RETRYING``; publish attempt + 1 to the delay tier that

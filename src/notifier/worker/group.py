@@ -1,5 +1,5 @@
 """A worker group: one consumer, a bounded trio channel, ``concurrency`` worker tasks, and a
-retry publisher on an AMQP connection of its own (DESIGN §5, §10)."""
+retry publisher on an AMQP connection of its own (docs/architecture.md §5, §4)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One message, start to finish (DESIGN §5): decode → skip if settled → rate limit → deliver →
-publish the retry → record → settle.
+"""One message, start to finish (docs/architecture.md §5): decode → skip if settled → rate limit →
+deliver → publish the retry → record → settle.
 
 Per-message failures never leave ``handle``: anything an adapter raises becomes an attempt row
 and a settlement, and the worker task goes on with the next message. ``trio.Cancelled`` always
@@ -153,8 +153,8 @@ class Handler:
             return None
 
     async def _record_panic(self, message: WorkerMessage, error: str) -> bool:
-        """The handler raised after decoding (DESIGN §5): the delivery is ``DEAD`` with a
-        ``panic`` attempt row, best effort (bounded, even while shutting down); whether the
+        """The handler raised after decoding (docs/architecture.md §5): the delivery is ``DEAD``
+        with a ``panic`` attempt row, best effort (bounded, even while shutting down); whether the
         row was written."""
         record = AttemptRecord(
             delivery_id=message.delivery_id, attempt=message.attempt, status="DEAD",

@@ -3,10 +3,10 @@
 one ``notifier.worker`` line per attempt (its format is documented in the README), and the
 Sentry event of a dead delivery or a failure.
 
-The handler decides and carries out (DESIGN §5); it only builds one ``Outcome`` per message and
-hands it on. What each effect makes of it lives here, one class per effect, so a new effect (a
-trace, an audit feed) is one more observer rather than one more call inside the handler. The
-observers are composed where the worker group is built (``worker.group.outcome_observers``).
+The handler decides and carries out (docs/architecture.md §5); it only builds one ``Outcome`` per
+message and hands it on. What each effect makes of it lives here, one class per effect, so a new
+effect (a trace, an audit feed) is one more observer rather than one more call inside the handler.
+The observers are composed where the worker group is built (``worker.group.outcome_observers``).
 """
 
 from __future__ import annotations

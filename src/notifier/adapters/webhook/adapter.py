@@ -4,8 +4,8 @@ is validated by ``channels.WebhookChannels``).
 The pure parts it puts together (``signing``, ``headers``, ``ssrf``, ``answers``) are tested as
 tables without sockets; ``deliver`` is the thin I/O between them.
 
-SSRF guard (DESIGN §7): every delivery resolves the host itself, checks every address with
-``check_address`` and hands the checked addresses to the HTTP layer with the request; the
+SSRF guard (docs/architecture.md §9): every delivery resolves the host itself, checks every address
+with ``check_address`` and hands the checked addresses to the HTTP layer with the request; the
 network backend dials only those (``PinnedBackend``), so there is no second resolution that
 could answer differently. The URL is left as it is, so the ``Host`` header, TLS SNI and
 certificate verification are all for the hostname.

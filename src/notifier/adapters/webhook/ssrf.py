@@ -1,6 +1,6 @@
-"""The SSRF guard of webhooks (DESIGN §7): the table of blocked addresses, the checks of a URL
-that need no network (literal addresses in any notation, IDNA-mapped hosts, loopback names),
-and resolution.
+"""The SSRF guard of webhooks (docs/architecture.md §9): the table of blocked addresses, the checks
+of a URL that need no network (literal addresses in any notation, IDNA-mapped hosts, loopback
+names), and resolution.
 
 Every delivery resolves the host itself and checks every address with ``check_address``; the
 checked addresses are then the only ones dialed (``transport.PinnedBackend``).
