@@ -1,5 +1,5 @@
 """The HTTP API (docs/architecture.md §8) on the in-memory store
-(``notifier.testing_api.MemoryApiStore``): routes, statuses, error bodies, idempotency, pagination
+(``notifier.testing.api.MemoryApiStore``): routes, statuses, error bodies, idempotency, pagination
 and replay, without Postgres. The integration tests (tests/integration/test_api.py) prove the same
 answers on the real SQL."""
 
@@ -16,7 +16,7 @@ from quart import typing as quart_typing
 from notifier.config import parse_config
 from notifier.ingest.app import create_app, hash_api_key
 from notifier.testing import RecordingAdapter
-from notifier.testing_api import MemoryApiStore
+from notifier.testing.api import MemoryApiStore
 
 WEBHOOK = {"type": "webhook", "name": "hook", "config": {"url": "https://hooks.example.com/in"}}
 EVENT = {"type": "order.created", "payload": {"n": 1}}

@@ -1,5 +1,5 @@
 """What the HTTP API needs of the store: ``ApiStore``, the interface ``ingest.app.create_app``
-is written against. ``Store`` implements it on Postgres, ``notifier.testing_api.MemoryApiStore``
+is written against. ``Store`` implements it on Postgres, ``notifier.testing.api.MemoryApiStore``
 in memory (for the API's unit tests)."""
 
 from __future__ import annotations

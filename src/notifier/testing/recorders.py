@@ -1,0 +1,139 @@
+"""Recording stand-ins: an adapter that succeeds, fails or stalls on cue (and a paced one),
+the outcome observer, the settlement sink and the Sentry reporter."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from notifier.adapters.base import Receipt
+from notifier.broker.base import Settle
+from notifier.messages import WorkerMessage
+from notifier.worker.observe import Outcome
+
+# -- recording adapter --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delay:
+    """A ``RecordingAdapter`` step: take ``seconds`` (trio time), then succeed."""
+
+    seconds: float
+
+
+AdapterStep = Receipt | Exception | Delay | None
+
+
+class RecordingAdapter:
+    """An ``Adapter`` that records every message it is asked to deliver.
+
+    Each ``deliver`` call takes the next step of the script (``then(...)`` appends), or
+    ``default`` once the script is used up: a ``Receipt`` or ``None`` succeeds with it, an
+    exception instance is raised, a ``Delay`` sleeps that long and then succeeds.
+    """
+
+    secret_fields: frozenset[str] = frozenset({"secret"})
+
+    def __init__(
+        self,
+        channel_type: str = "webhook",
+        *steps: AdapterStep,
+        default: AdapterStep = None,
+    ) -> None:
+        self.channel_type = channel_type
+        self.default = default
+        self.messages: list[WorkerMessage] = []
+        self.called_at: list[float] = []  # trio.current_time() of each call
+        self.closed = False
+        self._script: deque[AdapterStep] = deque(steps)
+
+    def then(self, *steps: AdapterStep) -> RecordingAdapter:
+        self._script.extend(steps)
+        return self
+
+    def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return dict(config)
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        self.messages.append(message)
+        self.called_at.append(trio.current_time())
+        step = self._script.popleft() if self._script else self.default
+        if isinstance(step, Delay):
+            await trio.sleep(step.seconds)
+            return None
+        await trio.lowlevel.checkpoint()
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class PacedAdapter(RecordingAdapter):
+    """A ``RecordingAdapter`` that is also a ``RateLimiter``: at most one delivery per
+    ``interval_seconds`` (trio time); ``check`` answers how long the next one must wait."""
+
+    def __init__(self, channel_type: str = "webhook", *, interval_seconds: float) -> None:
+        super().__init__(channel_type)
+        self.interval_seconds = interval_seconds
+        self.waits: list[float] = []  # every non-zero answer of ``check``
+        self._next_free = float("-inf")
+
+    def check(self, message: WorkerMessage) -> float | None:
+        now = trio.current_time()
+        if now >= self._next_free:
+            self._next_free = now + self.interval_seconds  # this message takes the slot
+            return None
+        wait = self._next_free - now
+        self.waits.append(wait)
+        return wait
+
+
+# -- recording observer and settlements ---------------------------------------------------------
+
+
+class RecordingObserver:
+    """The worker's ``OutcomeObserver`` that keeps every outcome it is told, in order."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+class SettleRecorder:
+    """A ``SettleSink`` that keeps how each message was settled, in order."""
+
+    def __init__(self) -> None:
+        self.settled: list[Settle] = []
+
+    def settle(self, delivery_tag: int, how: Settle) -> None:
+        self.settled.append(how)
+
+
+# -- recording reporter -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    summary: str
+    tags: dict[str, str]
+    exc: BaseException | None
+
+
+class RecordingReporter:
+    """A ``Reporter`` that keeps every report, for tests."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def report(
+        self, summary: str, *, tags: Mapping[str, str], exc: BaseException | None = None
+    ) -> None:
+        self.reports.append(Report(summary, dict(tags), exc))
