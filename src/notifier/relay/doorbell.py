@@ -15,6 +15,7 @@ from typing import Protocol
 import trio
 
 from notifier.errors import StoreError
+from notifier.hint import Hint
 
 log = logging.getLogger("notifier.relay")
 
@@ -37,25 +38,6 @@ class Bell(Protocol):
 
 class DoorbellStore(Protocol):
     def open_doorbell(self) -> AbstractAsyncContextManager[Bell]: ...
-
-
-class Hint:
-    """What the relay waits on between polls: rung by a NOTIFY, and whenever the LISTEN
-    connection is lost or back (either way a pass is due, as notifications may have been
-    missed)."""
-
-    def __init__(self) -> None:
-        self._rung = trio.Event()
-
-    def ring(self) -> None:
-        self._rung.set()
-
-    def clear(self) -> None:
-        if self._rung.is_set():
-            self._rung = trio.Event()
-
-    async def wait(self) -> None:
-        await self._rung.wait()
 
 
 async def keep_listening(

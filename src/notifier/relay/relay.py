@@ -19,9 +19,10 @@ import trio
 from notifier.broker.base import Confirm, Outgoing, Publisher
 from notifier.broker.topology import EXCHANGE
 from notifier.errors import BrokerError
+from notifier.hint import Hint
 from notifier.lifecycle import Stop
 from notifier.metrics import Metrics
-from notifier.relay.doorbell import DoorbellStore, Hint, keep_listening
+from notifier.relay.doorbell import DoorbellStore, keep_listening
 from notifier.store.rows import OutboxRow
 
 log = logging.getLogger("notifier.relay")

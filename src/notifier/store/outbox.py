@@ -13,6 +13,7 @@ import trio
 
 from notifier.bridge import aio
 from notifier.errors import StoreUnavailable
+from notifier.hint import Doorbell
 from notifier.store.base import UNAVAILABLE, Conn, Q, crossing
 from notifier.store.pool import Pool, Queries
 from notifier.store.rows import OutboxRow
@@ -80,28 +81,6 @@ class OutboxQueries(Queries):
                     await aio(conn.close, timeout=5)
                 except Exception:
                     conn.terminate()
-
-
-class Doorbell:
-    """Rings when something was inserted into the outbox. A hint only: the relay also polls."""
-
-    def __init__(self) -> None:
-        self._rung = trio.Event()
-        self.connected = True
-
-    def ring(self) -> None:
-        self._rung.set()
-
-    def lost(self) -> None:
-        self.connected = False
-        self._rung.set()
-
-    def clear(self) -> None:
-        if self._rung.is_set():
-            self._rung = trio.Event()
-
-    async def wait(self) -> None:
-        await self._rung.wait()
 
 
 class OutboxClaim:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from notifier.bridge import aio, open_bridge
+from notifier.hint import Doorbell
 from notifier.store.admin import AdminQueries
 from notifier.store.attempts import AttemptQueries
 from notifier.store.base import (
@@ -36,7 +37,7 @@ from notifier.store.errors import (
 )
 from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
-from notifier.store.outbox import Doorbell, OutboxClaim, OutboxQueries
+from notifier.store.outbox import OutboxClaim, OutboxQueries
 from notifier.store.pool import create_pool
 
 __all__ = [

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import trio
 
 from notifier.errors import StoreUnavailable
+from notifier.hint import Doorbell
 from notifier.store.rows import (
     OutboxRow,
 )
@@ -18,25 +19,8 @@ from notifier.store.rows import (
 # -- in-memory outbox ---------------------------------------------------------------------------
 
 
-class MemoryDoorbell:
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self.connected = True
-
-    def ring(self) -> None:
-        self._event.set()
-
-    def lost(self) -> None:
-        """Its LISTEN connection is gone: it says so (one last ring) and never rings again."""
-        self.connected = False
-        self._event.set()
-
-    def clear(self) -> None:
-        if self._event.is_set():
-            self._event = trio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
+class MemoryDoorbell(Doorbell):
+    """The store's doorbell, rung and lost by ``MemoryOutbox`` instead of a LISTEN connection."""
 
 
 class MemoryClaim:
