@@ -26,7 +26,7 @@ import asyncpg
 import httpx
 import trio
 
-from notifier.ingest.app import hash_api_key
+from notifier.ingest.tenants import hash_api_key
 from notifier.store.pg import SCHEMA_PATH
 from notifier.testing import open_sink
 

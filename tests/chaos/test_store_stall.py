@@ -8,6 +8,7 @@ Only the proxy in front of the machine's Postgres misbehaves; Postgres itself is
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -83,7 +84,11 @@ async def _post_until_accepted(client: httpx.AsyncClient, key: str) -> int:
         if response.status_code in (200, 202):
             return response.status_code
         assert response.status_code == 503, (response.status_code, response.text)
-        await trio.sleep(0.2)  # the client's pacing between tries, as Retry-After asks
+        await poll(functools.partial(_ready, client))  # send again once Postgres answers
+
+
+async def _ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/readyz")).status_code == 200
 
 
 async def test_a_stalled_postgres_path_answers_503_in_time_and_recovers(

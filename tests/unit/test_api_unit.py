@@ -14,7 +14,8 @@ import pytest
 from quart import typing as quart_typing
 
 from notifier.config import parse_config
-from notifier.ingest.app import create_app, hash_api_key
+from notifier.ingest.app import create_app
+from notifier.ingest.tenants import hash_api_key
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
 

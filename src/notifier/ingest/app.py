@@ -20,11 +20,8 @@ from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.events import max_attempts_by_type
 from notifier.ingest.openapi import build_openapi
-from notifier.ingest.tenants import hash_api_key
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
-
-__all__ = ["DEFAULT_PAGE", "MAX_PAGE", "create_app", "hash_api_key"]
 
 ROUTE_GROUPS = (health, channels, events, deliveries, operations)
 
