@@ -40,6 +40,14 @@ class _Connection(asyncpg.Connection):
     close it at once; the pool opens a fresh one when it needs one.
     """
 
+    def get_reset_query(self) -> str:
+        # What the pool sends when a connection is given back, one more round trip per store
+        # call: asyncpg's default undoes session state (SET, LISTEN, advisory locks, cursors).
+        # The store leaves none on a pooled connection — SET LOCAL and transaction-level
+        # advisory locks only; LISTEN runs on a connection of its own — so there is nothing to
+        # undo. An open transaction is still rolled back (asyncpg does that apart from this).
+        return ""
+
     async def _closing_on_timeout(self, statement: Awaitable[T]) -> T:
         try:
             return await statement
