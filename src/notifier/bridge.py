@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
+import trio
 import trio_asyncio
 
 log = logging.getLogger("notifier.bridge")
@@ -26,6 +27,44 @@ def _log_unhandled(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> 
     log.warning("asyncio: %s", context.get("message", "unhandled error"), exc_info=exc)
 
 
+# At most this many asyncio callbacks run between two trio checkpoints of the loop's task.
+READY_BATCH_LIMIT = 512
+
+
+def run_ready_in_batches(loop: trio_asyncio.TrioEventLoop) -> None:
+    """Make ``loop`` run every asyncio callback that is ready, up to ``READY_BATCH_LIMIT``, each
+    time trio schedules it, as asyncio's own loop does — instead of one per trio checkpoint.
+
+    trio-asyncio's loop task takes one callback from its queue per pass and then yields to trio's
+    scheduler (the queue's ``receive`` is a checkpoint). Every step of asyncpg and aiormq (a frame
+    read, a future resolved, a task resumed) is such a callback, so each one waited for a whole
+    round of every runnable trio task: the asyncio side of the process — the relay's publishes,
+    the workers' batches and acknowledgements — advanced at one step per round, and an ingest
+    load with many busy connections starved it (docs/architecture.md §7). Per callback it also
+    paid a cancel scope and a checkpoint.
+
+    A pass runs its first callback, then the ones that are ready at that moment (those scheduled
+    meanwhile wait for the next pass, so a callback that schedules itself cannot hold the task). ``no_wait`` passes (trio-asyncio's own
+    draining at shutdown) keep the original behaviour: one callback, ``WouldBlock`` when none.
+    The override is of ``_main_loop_one``, the per-pass method of trio-asyncio 0.16's loop (the
+    version is pinned; ``tests/unit/test_bridge.py`` fails if it changes shape).
+    """
+    one = loop._main_loop_one
+    queue = loop._q_recv
+
+    async def run_ready(no_wait: bool = False) -> None:
+        await one(no_wait)
+        if no_wait:
+            return
+        for _ in range(min(queue.statistics().current_buffer_used, READY_BATCH_LIMIT)):
+            try:
+                await one(True)  # a plain callback or a due timer: no checkpoint
+            except trio.WouldBlock:
+                return
+
+    loop._main_loop_one = run_ready  # type: ignore[method-assign]
+
+
 @asynccontextmanager
 async def open_bridge() -> AsyncIterator[None]:
     """Trio-flavoured. Open the trio-asyncio loop, unless one is already open in this task tree."""
@@ -34,6 +73,7 @@ async def open_bridge() -> AsyncIterator[None]:
         return
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_unhandled)
+        run_ready_in_batches(loop)
         yield
 
 
