@@ -5,8 +5,8 @@ create and at delivery without any connection attempt, DNS answers checked and t
 dialed.
 
 The first part runs the whole service on the real Postgres and RabbitMQ; the second drives a
-``WebhookAdapter`` directly against a local sink, with a fake resolver and a recording network
-backend passed to its constructor.
+``WebhookAdapter`` directly against a local sink, with a fake resolver and a recording dialer
+passed to its constructor.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpcore
+import h11
 import httpx
 import pytest
 import standardwebhooks
@@ -73,32 +74,16 @@ class HangingDns:
         raise AssertionError("unreachable")
 
 
-class RecordingBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's trio backend, recording every address it is asked to dial."""
+class RecordingDialer:
+    """A TCP dialer for ``WebhookAdapter(dialer=...)``, recording every address it is asked to
+    dial."""
 
     def __init__(self) -> None:
-        self.inner = httpcore.TrioBackend()
         self.dialed: list[tuple[str, int]] = []
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    async def __call__(self, host: str, port: int) -> trio.abc.Stream:
         self.dialed.append((host, port))
-        return await self.inner.connect_tcp(
-            host,
-            port,
-            timeout=timeout,
-            local_address=local_address,
-            socket_options=socket_options,
-        )
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
+        return await trio.open_tcp_stream(host, port)
 
 
 def signatures(received: Received) -> list[str]:
@@ -266,9 +251,9 @@ async def test_dns_that_rebinds_to_a_blocked_address_is_refused_at_delivery(
 ) -> None:
     config = strict_config(database_url, broker_url)
     dns = FakeDns({"hook.example": ["93.184.216.34"]})  # public when the channel is created
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, resolver=dns, network_backend=backend
+        timeout_seconds=5, allow_private_networks=False, resolver=dns, dialer=backend
     )
     validator = WebhookChannels(timeout_seconds=5, allow_private_networks=False, resolver=dns)
     key = await create_tenant(database_url)
@@ -408,9 +393,9 @@ async def test_blocked_addresses_in_every_notation_are_refused_at_delivery_witho
     template: str,
 ) -> None:
     dns = FakeDns({"localhost": ["127.0.0.1"], "localhost.": ["127.0.0.1"]})  # as /etc/hosts
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, resolver=dns, network_backend=backend
+        timeout_seconds=5, allow_private_networks=False, resolver=dns, dialer=backend
     )
     async with open_sink() as sink:
         try:
@@ -425,13 +410,13 @@ async def test_blocked_addresses_in_every_notation_are_refused_at_delivery_witho
 
 async def test_the_checked_address_is_dialed_with_the_hostname_kept() -> None:
     dns = FakeDns({"hook.example": ["127.0.0.1"]})
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
         timeout_seconds=5,
         allow_private_networks=False,
         allowed_cidrs=["127.0.0.1/32"],
         resolver=dns,
-        network_backend=backend,
+        dialer=backend,
     )
     async with open_sink() as sink:
         try:
@@ -455,9 +440,9 @@ async def test_the_checked_address_is_dialed_with_the_hostname_kept() -> None:
 
 async def test_one_blocked_address_among_several_refuses_the_delivery() -> None:
     dns = FakeDns({"hook.example": ["93.184.216.34", "127.0.0.1"]})
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, resolver=dns, network_backend=backend
+        timeout_seconds=5, allow_private_networks=False, resolver=dns, dialer=backend
     )
     with pytest.raises(PermanentError) as info:
         await adapter.deliver(webhook_message("http://hook.example/hook"))
@@ -466,13 +451,9 @@ async def test_one_blocked_address_among_several_refuses_the_delivery() -> None:
 
 
 async def test_the_system_resolver_is_checked_too() -> None:
-    backend = RecordingBackend()
-    strict = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, network_backend=backend
-    )
-    lenient = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=True, network_backend=backend
-    )
+    backend = RecordingDialer()
+    strict = WebhookAdapter(timeout_seconds=5, allow_private_networks=False, dialer=backend)
+    lenient = WebhookAdapter(timeout_seconds=5, allow_private_networks=True, dialer=backend)
     async with open_sink() as sink:
         url = f"http://localhost:{sink.port}/hook"
         try:
@@ -489,10 +470,10 @@ async def test_the_system_resolver_is_checked_too() -> None:
 
 
 async def test_a_name_that_does_not_resolve_is_retriable_and_nothing_is_dialed() -> None:
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     dns = FakeDns({"empty.example": []})
     adapter = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, resolver=dns, network_backend=backend
+        timeout_seconds=5, allow_private_networks=False, resolver=dns, dialer=backend
     )
     with pytest.raises(RetriableError, match=r"could not resolve nowhere\.example"):
         await adapter.deliver(webhook_message("https://nowhere.example/hook"))
@@ -502,12 +483,12 @@ async def test_a_name_that_does_not_resolve_is_retriable_and_nothing_is_dialed()
 
 
 async def test_a_resolver_that_hangs_is_a_retriable_timeout(autojump_clock: Any) -> None:
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
         timeout_seconds=3,
         allow_private_networks=False,
         resolver=HangingDns(),
-        network_backend=backend,
+        dialer=backend,
     )
     with pytest.raises(RetriableError, match=r"could not resolve slow\.example: timed out"):
         await adapter.deliver(webhook_message("https://slow.example/hook"))
@@ -587,6 +568,67 @@ async def test_an_endless_answer_is_cut_at_64_kib() -> None:
         nursery.cancel_scope.cancel()
     assert info.value.status_code == 503
     assert str(info.value) == "HTTP 503: " + "x" * 200
+
+
+async def test_a_connection_is_kept_alive_until_the_server_closes_it() -> None:
+    """Deliveries reuse a kept-alive connection; one the server closed while it was idle is
+    not reused (its socket is readable: the server's end of it is gone), so the next delivery
+    dials again and succeeds instead of failing on a dead connection."""
+    served: list[int] = []  # requests answered, one entry per connection
+    hung_up = trio.Event()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        served.append(0)
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some())
+            elif isinstance(event, h11.ConnectionClosed):
+                return
+            elif isinstance(event, h11.EndOfMessage):
+                served[-1] += 1
+                answer = h11.Response(status_code=200, headers=[("content-length", "2")])
+                await stream.send_all(conn.send(answer) + (conn.send(h11.Data(data=b"ok")) or b""))
+                await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+                if served[-1] == 2:  # two requests, then it closes the idle connection
+                    await stream.aclose()
+                    hung_up.set()
+                    return
+                conn.start_next_cycle()
+
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=True)
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+        url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}/hook"
+        try:
+            for _ in range(2):
+                await adapter.deliver(webhook_message(url))
+            with trio.fail_after(5):
+                await hung_up.wait()
+            receipt = await adapter.deliver(webhook_message(url))
+            assert receipt is not None
+            assert receipt.status_code == 200
+        finally:
+            await adapter.aclose()
+        nursery.cancel_scope.cancel()
+    assert served == [2, 1]
+
+
+async def test_a_changed_url_or_header_is_used_at_once() -> None:
+    """The URL and headers are parsed and checked once per distinct value, not per channel:
+    after a PATCH the very next delivery goes to the new URL with the new headers."""
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=True)
+    async with open_sink() as first, open_sink() as second:
+        config: dict[str, Any] = {"url": first.url, "headers": {"X-Team": "a"}}
+        try:
+            for url, team in [(first.url, "a"), (second.url, "a"), (second.url, "b")]:
+                config["url"], config["headers"] = url, {"X-Team": team}  # as a PATCH does
+                await adapter.deliver(webhook_message(**config))
+        finally:
+            await adapter.aclose()
+    assert [got.headers["x-team"] for got in first.received] == ["a"]
+    assert [got.headers["x-team"] for got in second.received] == ["a", "b"]
 
 
 async def test_environment_proxies_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -682,13 +724,13 @@ async def test_tls_is_verified_for_the_hostname_while_the_checked_address_is_dia
     for cert, _ in certificates.values():
         trusted.load_verify_locations(cert)
     dns = FakeDns({"hook.example": ["127.0.0.1"]})
-    backend = RecordingBackend()
+    backend = RecordingDialer()
     adapter = WebhookAdapter(
         timeout_seconds=5,
         allow_private_networks=False,
         allowed_cidrs=["127.0.0.0/8"],
         resolver=dns,
-        network_backend=backend,
+        dialer=backend,
         ssl_context=trusted,
     )
     async with open_sink() as sink, trio.open_nursery() as nursery:
@@ -696,9 +738,10 @@ async def test_tls_is_verified_for_the_hostname_while_the_checked_address_is_dia
         message = webhook_message(f"https://hook.example:{port}/hook")
         try:
             if delivered:
-                receipt = await adapter.deliver(message)
-                assert receipt is not None
-                assert receipt.status_code == 200
+                for _ in range(2):  # the second over the same TLS connection
+                    receipt = await adapter.deliver(message)
+                    assert receipt is not None
+                    assert receipt.status_code == 200
             else:
                 with pytest.raises(RetriableError, match="certificate verify failed"):
                     await adapter.deliver(message)
@@ -707,8 +750,29 @@ async def test_tls_is_verified_for_the_hostname_while_the_checked_address_is_dia
         nursery.cancel_scope.cancel()
     assert backend.dialed == [("127.0.0.1", port)]
     if delivered:
-        (got,) = sink.received
-        assert got.headers["host"] == f"hook.example:{port}"
-        verify(got, SECRET)
+        assert len(sink.received) == 2
+        for got in sink.received:
+            assert got.headers["host"] == f"hook.example:{port}"
+            verify(got, SECRET)
     else:
         assert sink.received == []
+
+
+async def test_without_a_context_the_default_one_verifies_certificates(
+    certificates: dict[str, tuple[Path, Path]],
+) -> None:
+    adapter = WebhookAdapter(
+        timeout_seconds=5,
+        allow_private_networks=False,
+        allowed_cidrs=["127.0.0.0/8"],
+        resolver=FakeDns({"hook.example": ["127.0.0.1"]}),
+    )
+    async with open_sink() as sink, trio.open_nursery() as nursery:
+        port = await nursery.start(tls_front, certificates["hook.example"], sink.port)
+        try:  # a self-signed certificate is trusted by nobody's default store
+            with pytest.raises(RetriableError, match="certificate verify failed"):
+                await adapter.deliver(webhook_message(f"https://hook.example:{port}/hook"))
+        finally:
+            await adapter.aclose()
+        nursery.cancel_scope.cancel()
+    assert sink.received == []

@@ -1,18 +1,16 @@
 """A webhook channel's custom headers: one rule (RFC 9110 token names, visible-ASCII values)
 at create, at PATCH and before each delivery, and no header value or secret in an error.
 
-Deliveries run against an httpcore network backend passed to the adapter's constructor (its
-transport seam): it records what is dialed, and its connections fail with an error that quotes
-the request bytes, as an HTTP library's error may.
+Deliveries run against a dialer passed to the adapter's constructor (its connection seam): it
+records what is dialed, and its connections fail with an error that quotes the request bytes,
+as an HTTP library's error may.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import h11
-import httpcore
 import httpx
 import pytest
 import trio
@@ -162,17 +160,20 @@ def test_reserved_names_stay_refused(name: str) -> None:
 # -- at delivery --------------------------------------------------------------------------------
 
 
-class QuotingStream(httpcore.AsyncNetworkStream):
+class QuotingStream(trio.abc.Stream):
     """A connection whose writes fail with an error quoting the bytes written."""
 
     def __init__(self, error: type[Exception]) -> None:
         self._error = error
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await trio.lowlevel.checkpoint()
-        raise self._error(f"could not send {buffer!r}")
+        raise self._error(f"could not send {bytes(data)!r}")
 
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
         await trio.lowlevel.checkpoint()
         return b""
 
@@ -180,33 +181,21 @@ class QuotingStream(httpcore.AsyncNetworkStream):
         await trio.lowlevel.checkpoint()
 
 
-class QuotingBackend(httpcore.AsyncNetworkBackend):
+class QuotingDialer:
     """Dials nothing real: records the address and hands out a ``QuotingStream``."""
 
     def __init__(self, error: type[Exception] = OSError) -> None:
         self.dialed: list[tuple[str, int]] = []
         self._error = error
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    async def __call__(self, host: str, port: int) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
         self.dialed.append((host, port))
         return QuotingStream(self._error)
 
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
 
-
-async def deliver(backend: QuotingBackend, headers: dict[str, str]) -> BaseException:
-    adapter = WebhookAdapter(
-        timeout_seconds=5, allow_private_networks=False, network_backend=backend
-    )
+async def deliver(backend: QuotingDialer, headers: dict[str, str]) -> BaseException:
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=False, dialer=backend)
     message = worker_message(
         channel_config={"url": PUBLIC_URL, "secret": SECRET, "headers": headers}
     )
@@ -232,7 +221,7 @@ async def deliver(backend: QuotingBackend, headers: dict[str, str]) -> BaseExcep
 async def test_a_stored_header_that_cannot_be_sent_kills_the_delivery_naming_it(
     name: str, value: str
 ) -> None:
-    backend = QuotingBackend()
+    backend = QuotingDialer()
     error = await deliver(backend, {"X-Fine": "ok", name: value})
     assert isinstance(error, PermanentError)
     assert str(error).startswith(f"{header_field(name)}: ")
@@ -244,7 +233,7 @@ async def test_a_stored_header_that_cannot_be_sent_kills_the_delivery_naming_it(
 async def test_an_error_quoting_the_request_loses_header_values_and_the_signature(
     error: type[Exception],
 ) -> None:
-    backend = QuotingBackend(error)
+    backend = QuotingDialer(error)
     headers = {"Authorization": f"Bearer {TOKEN}", "X-Team": "billing-team"}
     raised = await deliver(backend, headers)
     kind = RetriableError if error is OSError else WebhookAdapterCrash

@@ -2,17 +2,14 @@
 at create exactly when a delivery to it would be refused (``allow_private_networks`` off),
 because both check the host httpx dials (after IDNA mapping), not the one ``urlsplit`` reads.
 
-Deliveries use a fake resolver and a network backend that records what is dialed and then
-fails the connection, both passed to the adapter's constructor.
+Deliveries use a fake resolver and a dialer that records what is dialed and then fails the
+connection, both passed to the adapter's constructor.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
-from typing import Any
 
-import httpcore
 import pytest
 import trio
 
@@ -67,26 +64,16 @@ class FakeDns:
         return DNS[host.lower()]
 
 
-class RefusingBackend(httpcore.AsyncNetworkBackend):
+class RefusingDialer:
     """Records each address it is asked to dial, then refuses the connection."""
 
     def __init__(self) -> None:
         self.dialed: list[str] = []
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    async def __call__(self, host: str, port: int) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
         self.dialed.append(host)
-        raise httpcore.ConnectError("refused by the test backend")
-
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
+        raise ConnectionRefusedError("refused by the test dialer")
 
 
 def refused_at_create(url: str) -> str | None:
@@ -100,10 +87,10 @@ def refused_at_create(url: str) -> str | None:
 
 async def refused_at_delivery(url: str) -> tuple[BaseException, list[str]]:
     """What the delivery raised, and the addresses dialed."""
-    backend = RefusingBackend()
+    backend = RefusingDialer()
     adapter = WebhookAdapter(
         timeout_seconds=5, allow_private_networks=False, resolver=FakeDns(),
-        network_backend=backend,
+        dialer=backend,
     )  # fmt: skip
     message = worker_message(channel_config={"url": url, "secret": None, "headers": {}})
     try:
@@ -121,9 +108,9 @@ async def test_create_refuses_exactly_what_delivery_refuses(url: str, refused: b
     if refused:
         assert isinstance(error, PermanentError)
         assert dialed == []  # a blocked address is never dialed
-    else:  # the connection was tried (and the test backend refused it)
+    else:  # the connection was tried (and the test dialer refused it)
         assert isinstance(error, RetriableError)
-        assert "refused by the test backend" in str(error)
+        assert "refused by the test dialer" in str(error)
         assert len(dialed) == 1
 
 

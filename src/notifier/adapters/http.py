@@ -1,5 +1,6 @@
-"""The httpx clients of the HTTP adapters (webhook, telegram), the transport they share, and
-what an exception from sending a request means for a delivery (``delivery_error``).
+"""Telegram's httpx clients and their bounded transport, and what an exception from sending a
+request means for a delivery of either HTTP adapter (``delivery_error``; the webhook's own
+client, ``webhook.client``, raises httpx's exception types so that the one table serves both).
 
 One client per concurrent delivery: a single shared httpx client degrades sharply with
 concurrency under trio (docs/architecture.md §9). A delivery borrows an idle client or makes one and

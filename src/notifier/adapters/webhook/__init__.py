@@ -4,7 +4,8 @@
 - ``headers``: the rule for a channel's custom headers, and keeping their values and the
   secrets out of errors;
 - ``ssrf``: the table of blocked addresses, the URL checks that need no network, resolution;
-- ``transport``: the pinned transport, which dials only the checked addresses;
+- ``client``: the HTTP/1.1 client (h11 over trio), which dials only the checked addresses and
+  reads an answer with a bound;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
 - ``channels``: ``WebhookChannels``, a channel's config validated at create and PATCH;
 - ``adapter``: ``WebhookAdapter``, the deliverer, which puts them together.

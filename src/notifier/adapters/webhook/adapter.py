@@ -5,10 +5,13 @@ The pure parts it puts together (``signing``, ``headers``, ``ssrf``, ``answers``
 tables without sockets; ``deliver`` is the thin I/O between them.
 
 SSRF guard (docs/architecture.md §9): every delivery resolves the host itself, checks every address
-with ``check_address`` and hands the checked addresses to the HTTP layer with the request; the
-network backend dials only those (``PinnedBackend``), so there is no second resolution that
-could answer differently. The URL is left as it is, so the ``Host`` header, TLS SNI and
-certificate verification are all for the hostname.
+with ``check_address`` and hands the checked addresses to the HTTP client with the request; it
+dials only those (``client.WebhookClient``), so there is no second resolution that could answer
+differently. The URL is left as it is, so the ``Host`` header, TLS SNI and certificate
+verification are all for the hostname.
+
+What does not change between attempts of a channel (its URL parsed, its custom headers checked,
+a literal address's verdict) is worked out once per distinct URL and headers (``Endpoint``).
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
-import httpcore
 import httpx
 import trio
 
 from notifier.adapters.base import Receipt
-from notifier.adapters.http import ClientPool, new_client
 from notifier.adapters.webhook.answers import classify, transport_error
+from notifier.adapters.webhook.client import Dialer, Origin, WebhookClient
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (
@@ -35,12 +39,26 @@ from notifier.adapters.webhook.ssrf import (
     literal_address,
     system_resolver,
 )
-from notifier.adapters.webhook.transport import PIN_EXTENSION, Pin, PinnedTransport
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 
 EXCERPT_BYTES = 2048
 READ_LIMIT_BYTES = 64 * 1024
+# Channels whose URL and headers are kept parsed and checked (the most recently used).
+ENDPOINTS_KEPT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What a channel's URL and custom headers mean for every attempt, worked out once per
+    distinct ``(url, headers)``: where to connect, the request target, the ``Host`` header, the
+    checked custom headers, and for a literal address the address itself, already checked."""
+
+    origin: Origin
+    target: bytes
+    host_header: str
+    custom: dict[str, str]
+    literal: tuple[str, ...] | None
 
 
 class WebhookAdapter:
@@ -53,19 +71,23 @@ class WebhookAdapter:
         allow_private_networks: bool,
         allowed_cidrs: Iterable[str] = (),
         resolver: Resolver = system_resolver,
-        network_backend: httpcore.AsyncNetworkBackend | None = None,
+        dialer: Dialer | None = None,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``resolver``, ``network_backend`` (what ``PinnedBackend`` dials through) and
-        ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
+        """``resolver``, ``dialer`` (what a connection to a checked address is opened with)
+        and ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
         self._rules = NetworkRules.of(
             timeout_seconds, allow_private_networks, allowed_cidrs, resolver
         )
-        self._backend = network_backend
-        self._ssl_context = ssl_context
         self._clock = clock
-        self._clients = ClientPool(self._new_client)
+        self._client = WebhookClient(
+            timeout_seconds=timeout_seconds, dialer=dialer, ssl_context=ssl_context,
+            max_body_bytes=READ_LIMIT_BYTES, excerpt_bytes=EXCERPT_BYTES,
+        )  # fmt: skip
+        # The network rules are fixed for the adapter's life, so a literal address's verdict
+        # is too; a name is resolved and checked again at every delivery (never cached).
+        self._endpoints: dict[tuple[Any, ...], Endpoint] = {}
 
     # -- delivery (workers) --
 
@@ -73,19 +95,30 @@ class WebhookAdapter:
         """Resolve ``host`` and check every address; ``RetriableError`` if it does not resolve,
         ``PermanentError`` if any address is blocked. A literal address (in any notation) is
         used as it is."""
+        literal = self._literal(host)
+        if literal is not None:
+            return literal
+        addresses = await self._resolve(host, port)
+        self._check(host, addresses, resolved=True)
+        return addresses
+
+    def _literal(self, host: str) -> tuple[str, ...] | None:
+        """``host``'s address when it spells one (checked), None for a name."""
         try:
             literal = literal_address(host)
         except ValueError as exc:
             raise PermanentError(f"config.url is not a valid URL: {exc}") from exc
-        if literal is not None:
-            addresses: tuple[str, ...] = (str(literal),)
-        else:
-            addresses = await self._resolve(host, port)
+        if literal is None:
+            return None
+        addresses = (str(literal),)
+        self._check(host, addresses, resolved=False)
+        return addresses
+
+    def _check(self, host: str, addresses: tuple[str, ...], *, resolved: bool) -> None:
         for ip in addresses:
             reason = self._rules.check(ip)
             if reason is not None:
-                raise PermanentError(blocked_message(host, ip, reason, resolved=literal is None))
-        return addresses
+                raise PermanentError(blocked_message(host, ip, reason, resolved=resolved))
 
     async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
         try:
@@ -98,53 +131,75 @@ class WebhookAdapter:
             raise RetriableError(f"could not resolve {host}: no addresses")
         return addresses
 
-    async def deliver(self, message: WorkerMessage) -> Receipt | None:
-        cfg = message.channel_config
+    def endpoint(self, cfg: dict[str, Any]) -> Endpoint:
+        """The channel config's ``Endpoint``, from the cache when its URL and headers were seen
+        before (keyed by their values, so a PATCH that changes either is a new entry).
+        ``PermanentError`` when no attempt could ever be sent."""
+        custom = cfg.get("headers") or {}
+        try:
+            key: tuple[Any, ...] | None = (cfg.get("url"), *custom.items())
+            found = self._endpoints.pop(key)  # type: ignore[arg-type]
+        except (AttributeError, TypeError):  # not a dict, or unhashable: refused below
+            key, found = None, None
+        except KeyError:
+            found = None
+        if found is None:
+            found = self._prepare(cfg, custom)
+        if key is not None:
+            self._endpoints[key] = found  # the most recently used last
+            if len(self._endpoints) > ENDPOINTS_KEPT:
+                del self._endpoints[next(iter(self._endpoints))]
+        return found
+
+    def _prepare(self, cfg: dict[str, Any], custom: object) -> Endpoint:
         try:
             url = httpx.URL(cfg["url"])
         except (KeyError, TypeError, httpx.InvalidURL) as exc:
             raise PermanentError(f"config.url is not a valid URL: {exc}") from exc
         if url.scheme not in ("http", "https") or not url.raw_host:
             raise PermanentError("config.url must be an http(s) URL with a host")
-        custom = cfg.get("headers") or {}
         if (problem := headers_problem(custom)) is not None:
             # Stored before the header rules (or written around the API): no attempt could
             # ever send it, so the delivery is dead at once, the header named, its value not.
             field, text = problem
             raise PermanentError(f"{field}: {text}")
+        assert isinstance(custom, dict)
         host = dial_host(url)
-        pin = Pin(host, await self.checked_addresses(host, default_port(url)))
+        return Endpoint(
+            origin=Origin(url.scheme, host, default_port(url)),
+            target=url.raw_path,
+            host_header=url.netloc.decode("ascii"),
+            custom=dict(custom),
+            literal=self._literal(host),
+        )
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        cfg = message.channel_config
+        end = self.endpoint(cfg)
+        origin = end.origin
+        addresses = end.literal
+        if addresses is None:
+            addresses = await self._resolve(origin.host, origin.port)
+            self._check(origin.host, addresses, resolved=True)
         now = self._clock()
         secrets = signing_secrets(cfg, now)
-        headers, body = build_request(message, secrets, custom, int(now))
-        quoted = request_secrets(
-            {**custom, "webhook-signature": headers.get("webhook-signature", "")}, secrets
-        )
+        headers, body = build_request(message, secrets, end.custom, int(now))
+        fields = [("host", end.host_header), ("content-length", str(len(body))), *headers.items()]
         failure: Exception | None = None
         try:
-            with self._clients.borrow() as client:
-                async with client.stream(
-                    "POST", url, content=body, headers=headers, extensions={PIN_EXTENSION: pin}
-                ) as resp:
-                    data = b""
-                    async for chunk in resp.aiter_raw():  # the transport stops at the limit
-                        data += chunk
+            answer = await self._client.post(origin, addresses, end.target, fields, body)
         except Exception as exc:
+            # Scrubbed of what the error could quote: the custom header values, the signature.
+            signature = headers.get("webhook-signature", "")
+            quoted = request_secrets({**end.custom, "webhook-signature": signature}, secrets)
             failure = transport_error(exc, quoted)
         if failure is not None:
             raise failure
-        excerpt = data[:EXCERPT_BYTES].decode("utf-8", "ignore")  # never over EXCERPT_BYTES
+        excerpt = answer.excerpt.decode("utf-8", "ignore")  # never over EXCERPT_BYTES
         return classify(
-            resp.status_code, resp.headers.get("retry-after"), excerpt, self._clock(),
-            location=resp.headers.get("location"),
+            answer.status, answer.header(b"retry-after"), excerpt, self._clock(),
+            location=answer.header(b"location"),
         )  # fmt: skip
-
-    def _new_client(self) -> httpx.AsyncClient:
-        transport = PinnedTransport(
-            network_backend=self._backend, ssl_context=self._ssl_context,
-            max_body_bytes=READ_LIMIT_BYTES,
-        )  # fmt: skip
-        return new_client(self._rules.timeout_seconds, transport)
 
     async def aclose(self) -> None:
-        await self._clients.aclose()
+        await self._client.aclose()

@@ -3,7 +3,7 @@ of a URL that need no network (literal addresses in any notation, IDNA-mapped ho
 names), and resolution.
 
 Every delivery resolves the host itself and checks every address with ``check_address``; the
-checked addresses are then the only ones dialed (``transport.PinnedBackend``).
+checked addresses are then the only ones dialed (``client.WebhookClient``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,331 @@
+"""The webhook's HTTP/1.1 client: h11 over trio streams, a bounded pool of kept-alive
+connections, and connections dialed only at the addresses the SSRF guard checked.
+
+Why not httpx: a POST through httpx's client layers and httpcore's pool cost several times the
+CPU of the same request written with h11 over a trio stream (``bench/webhook_client.py``), and
+a webhook needs none of what those layers add (redirects, cookies, proxies, decoding, HTTP/2).
+What it does need is here, in one place:
+
+- pinning (docs/architecture.md §9): a request carries the addresses the adapter resolved and
+  checked; a new connection is dialed at those only, in order, and never resolves a name; a
+  kept-alive connection is reused only when the address it was dialed at is among them;
+- the URL is not rewritten: ``Host``, TLS SNI and certificate verification are for the hostname;
+- redirects are answers like any other (never followed);
+- timeouts: the connect (and TLS handshake), each write and each read have ``timeout_seconds``
+  (httpx's per-operation semantics); there is no pool wait: a delivery that finds no idle
+  connection dials a new one (the worker's concurrency bounds how many are busy);
+- a bounded body read: an answer is read up to ``max_body_bytes`` and the connection then
+  closed, the rest never read; only an excerpt is kept;
+- keep-alive: a connection goes back to the pool only when both sides finished the exchange
+  (h11's ``DONE``: not after ``Connection: close``, an HTTP/1.0 answer, an error or a cut
+  body); idle connections expire after ``keepalive_seconds``, at most ``max_idle`` are kept
+  (the least recently used go first), and one whose socket has become readable while idle
+  (the server closed it, or sent something unasked) is closed rather than reused;
+- no retries: a request that fails on a reused connection is not sent again (it may have
+  reached the receiver); the attempt fails as retriable and the worker's retry path takes over.
+
+Errors are raised as httpx's exception types (``httpx.ConnectError``, ``httpx.ReadTimeout``,
+...), so ``adapters.http.delivery_error`` maps them as it maps Telegram's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import h11
+import httpx
+import trio
+
+# host or address, port -> a connected stream (tests pass a dialer that records or fakes)
+Dialer = Callable[[str, int], Awaitable[trio.abc.Stream]]
+READ_BYTES = 65536
+_BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+_TIMEOUTS: dict[str, type[httpx.TimeoutException]] = {
+    "connect": httpx.ConnectTimeout, "write": httpx.WriteTimeout, "read": httpx.ReadTimeout,
+}  # fmt: skip
+_ERRORS: dict[str, type[httpx.TransportError]] = {
+    "connect": httpx.ConnectError, "write": httpx.WriteError, "read": httpx.ReadError,
+}  # fmt: skip
+
+
+async def tcp_dialer(address: str, port: int) -> trio.abc.Stream:
+    """A TCP connection to ``address`` (an IP address: nothing is resolved)."""
+    return await trio.open_tcp_stream(address, port)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a request goes: the scheme, the host as dialed and verified (IDNA-mapped, an IPv6
+    address without brackets) and the port."""
+
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer: its status, headers (names lowercased) and the start of its body."""
+
+    status: int
+    headers: Sequence[tuple[bytes, bytes]]
+    excerpt: bytes
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of the header ``name`` (lowercase), decoded, or None."""
+        for key, value in self.headers:
+            if key == name:
+                try:
+                    return value.decode("utf-8")
+                except UnicodeDecodeError:
+                    return value.decode("latin-1")
+        return None
+
+
+class _Connection:
+    __slots__ = ("address", "h11", "idle_since", "origin", "stream")
+
+    def __init__(self, origin: Origin, address: str, stream: trio.abc.Stream) -> None:
+        self.origin = origin
+        self.address = address
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+
+
+def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream.socket if isinstance(stream, trio.SocketStream) else None
+
+
+def _readable(stream: trio.abc.Stream) -> bool:
+    """Whether an idle connection's socket has something to read: the server closed it (or
+    sent something nobody asked for). A stream that is not a socket's is taken as quiet."""
+    sock = _socket_of(stream)
+    if sock is None:
+        return False
+    fd = sock.fileno()
+    if fd < 0:
+        return True  # closed under us: not reusable
+    poller = select.poll()  # not select(): no limit on the descriptor's number
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class WebhookClient:
+    """POSTs over kept-alive HTTP/1.1 connections, dialed only at checked addresses."""
+
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float,
+        dialer: Dialer | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        max_body_bytes: int = 64 * 1024,
+        excerpt_bytes: int = 2048,
+        max_idle: int = 64,
+        keepalive_seconds: float = 5.0,
+    ) -> None:
+        """``dialer`` connects to an address (TCP by default; tests fake it); ``ssl_context``
+        verifies servers (httpx's default context when None, made once on first use)."""
+        self._timeout = timeout_seconds
+        self._dial = dialer if dialer is not None else tcp_dialer
+        self._ssl_context = ssl_context
+        self._max_body = max_body_bytes
+        self._excerpt = excerpt_bytes
+        self._max_idle = max_idle
+        self._keepalive = keepalive_seconds
+        # Idle connections by origin, and all of them, each oldest first (dicts as ordered sets).
+        self._idle: dict[Origin, dict[_Connection, None]] = {}
+        self._lru: dict[_Connection, None] = {}
+        self._closed = False
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._lru)
+
+    async def post(
+        self,
+        origin: Origin,
+        addresses: Sequence[str],
+        target: bytes,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> Answer:
+        """POST ``body`` to ``target`` at ``origin`` over a connection to one of ``addresses``
+        (the caller's checked ones). ``headers`` must hold ``Host`` and ``Content-Length``."""
+        conn = await self._checkout(origin, addresses)
+        phase = "connect"
+        answer: Answer | None = None
+        reusable = False
+        with trio.CancelScope() as scope:
+            try:
+                if conn is None:
+                    conn = await self._connect(origin, addresses)
+                phase = "write"
+                h = conn.h11
+                data = h.send(h11.Request(method=b"POST", target=target, headers=headers))
+                data = (data or b"") + (h.send(h11.Data(data=body)) or b"")
+                data += h.send(h11.EndOfMessage()) or b""
+                scope.deadline = trio.current_time() + self._timeout
+                await conn.stream.send_all(data)
+                phase = "read"
+                answer, reusable = await self._read(conn, scope)
+            except _BROKEN as exc:
+                raise _ERRORS[phase](str(exc) or type(exc).__name__) from exc
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            except h11.LocalProtocolError as exc:
+                raise httpx.LocalProtocolError(str(exc)) from exc
+            finally:
+                if conn is not None:
+                    if reusable:
+                        await self._checkin(conn)
+                    else:
+                        await self._discard(conn)
+        if answer is None:  # only a timeout leaves the scope without an answer or an error
+            raise _TIMEOUTS[phase](f"{phase} timed out")
+        return answer
+
+    async def _read(self, conn: _Connection, scope: trio.CancelScope) -> tuple[Answer, bool]:
+        """The answer, and whether the connection may be reused."""
+        h = conn.h11
+        status: int = 0
+        headers: Sequence[tuple[bytes, bytes]] = ()
+        parts: list[bytes] = []
+        kept = seen = 0
+        while True:
+            event = h.next_event()
+            if event is h11.NEED_DATA:
+                scope.deadline = trio.current_time() + self._timeout
+                h.receive_data(cast(bytes, await conn.stream.receive_some(READ_BYTES)))
+            elif type(event) is h11.Data:
+                seen += len(event.data)
+                if kept < self._excerpt:
+                    parts.append(event.data[: self._excerpt - kept])
+                    kept += len(parts[-1])
+                if seen >= self._max_body:  # the rest is never read: the connection goes
+                    return Answer(status, headers, b"".join(parts)), False
+            elif type(event) is h11.Response:
+                status, headers = event.status_code, event.headers
+            elif type(event) is h11.EndOfMessage:
+                # Reusable when both sides are done, the server has not closed its end (an
+                # answer delimited by the close also ends DONE) and sent nothing more.
+                done = h.our_state is h11.DONE and h.their_state is h11.DONE
+                done = done and h.trailing_data == (b"", False)
+                if done:
+                    h.start_next_cycle()
+                return Answer(status, headers, b"".join(parts)), done
+            elif type(event) is h11.ConnectionClosed or event is h11.PAUSED:
+                raise httpx.RemoteProtocolError("the server closed the connection")
+            # an informational (1xx) answer: the final one follows
+
+    async def _connect(self, origin: Origin, addresses: Sequence[str]) -> _Connection:
+        """A new connection to the first of ``addresses`` that answers (never anywhere else),
+        TLS-wrapped for ``origin.host`` when the scheme is https."""
+        if not addresses:  # fail closed
+            raise httpx.ConnectError(f"refusing to connect to {origin.host}: no checked address")
+        error: Exception | None = None
+        for address in addresses:
+            with trio.move_on_after(self._timeout):
+                try:
+                    stream = await self._dial(address, origin.port)
+                except _BROKEN as exc:
+                    error = httpx.ConnectError(str(exc) or type(exc).__name__)
+                    error.__cause__ = exc
+                    continue
+                break
+            error = httpx.ConnectTimeout("connect timed out")
+        else:
+            assert error is not None
+            raise error
+        if origin.scheme == "https":
+            stream = await self._start_tls(stream, origin.host)
+        return _Connection(origin, address, stream)
+
+    async def _start_tls(self, stream: trio.abc.Stream, host: str) -> trio.abc.Stream:
+        if self._ssl_context is None:
+            self._ssl_context = httpx.create_ssl_context(trust_env=False)
+            self._ssl_context.set_alpn_protocols(["http/1.1"])
+        tls = trio.SSLStream(stream, self._ssl_context, server_hostname=host, https_compatible=True)
+        try:
+            with trio.fail_after(self._timeout):
+                await tls.do_handshake()
+        except trio.TooSlowError:
+            await _close(stream, self._timeout)
+            raise httpx.ConnectTimeout("TLS handshake timed out") from None
+        except _BROKEN:
+            await _close(stream, self._timeout)
+            raise
+        return tls
+
+    async def _checkout(self, origin: Origin, addresses: Sequence[str]) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` at one of ``addresses`` that is
+        still good; stale ones on the way are closed."""
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = trio.current_time()
+        found: _Connection | None = None
+        stale: list[_Connection] = []
+        for conn in reversed(idle):
+            if (
+                now - conn.idle_since < self._keepalive
+                and conn.address in addresses
+                and not _readable(conn.stream)
+            ):
+                found = conn
+                break
+            if conn.address in addresses or now - conn.idle_since >= self._keepalive:
+                stale.append(conn)
+        for conn in [*stale, *([found] if found else [])]:
+            del idle[conn]
+            del self._lru[conn]
+        if not idle:
+            del self._idle[origin]
+        for conn in stale:
+            await _close(conn.stream, self._timeout)
+        return found
+
+    async def _checkin(self, conn: _Connection) -> None:
+        if self._closed:
+            await _close(conn.stream, self._timeout)
+            return
+        conn.idle_since = now = trio.current_time()
+        self._idle.setdefault(conn.origin, {})[conn] = None
+        self._lru[conn] = None
+        while self._lru:  # the oldest first: past the bound, or expired
+            oldest = next(iter(self._lru))
+            if len(self._lru) <= self._max_idle and now - oldest.idle_since < self._keepalive:
+                break
+            del self._lru[oldest]
+            idle = self._idle[oldest.origin]
+            del idle[oldest]
+            if not idle:
+                del self._idle[oldest.origin]
+            await _close(oldest.stream, self._timeout)
+
+    async def _discard(self, conn: _Connection) -> None:
+        await _close(conn.stream, self._timeout)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        conns, self._lru = list(self._lru), {}
+        self._idle.clear()
+        for conn in conns:
+            await _close(conn.stream, self._timeout)
+
+
+async def _close(stream: trio.abc.Stream, seconds: float) -> None:
+    """Close ``stream`` even in a cancelled scope, without waiting on the peer: a TLS
+    connection's socket is closed without a close_notify (HTTP marks its own ends)."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    with trio.CancelScope(shield=True), trio.move_on_after(seconds), contextlib.suppress(*_BROKEN):
+        await stream.aclose()
