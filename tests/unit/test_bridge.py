@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio_asyncio
 
-from notifier.bridge import READY_BATCH_LIMIT, open_bridge
+from notifier.bridge import READY_BATCH_LIMIT, TIMER_PURGE_MIN, open_bridge
 
 CALLBACKS = 200
 
@@ -61,3 +61,21 @@ async def test_a_callback_that_schedules_itself_does_not_hold_the_loop() -> None
     # at most two runs of it per pass of the loop (the pass's first callback, then the one it
     # scheduled, which was ready when the pass counted): the trio task's rounds went on
     assert 25 <= spins <= 2 * rounds + 2
+
+
+async def test_cancelled_timers_do_not_stay_in_the_loop_until_they_are_due() -> None:
+    # asyncpg's pool does this on every release and acquire: a 300 s timer, cancelled at once.
+    async with open_bridge():
+        loop = trio_asyncio.current_loop.get()
+        kept = loop.call_later(300, lambda: None)
+        for _ in range(20 * TIMER_PURGE_MIN):
+            loop.call_later(300, lambda: None).cancel()
+        with trio.fail_after(10):
+            while loop._q_recv.statistics().current_buffer_used:  # the loop takes them in
+                await trio.lowlevel.checkpoint()
+            for _ in range(5):
+                await trio.lowlevel.checkpoint()
+        # a timer once the heap doubled: at most a bound's worth of cancelled ones remain
+        assert len(loop._timers) <= TIMER_PURGE_MIN
+        assert kept in loop._timers
+        kept.cancel()
