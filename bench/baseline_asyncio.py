@@ -5,7 +5,9 @@ Per message, as notifier's ``--role workers`` does: consume from ``deliveries.we
 prefetch 64), decode the message (notifier's ``WorkerMessage``), look the delivery's state up
 (batched: one ``delivery_states`` statement for the lookups waiting together), skip it if it
 was already attempted, POST it signed with Standard Webhooks (notifier's own signing functions)
-through one shared ``httpx.AsyncClient`` (asyncio backend), read the answer (bounded), record the
+over HTTP/1.1 keep-alive (``--http httpx``: one ``httpx.AsyncClient`` per worker task, on
+anyio's asyncio backend; ``--http h11``: a minimal client of h11 over asyncio streams, one
+connection per worker task), read the answer (bounded), record the
 attempt (batched: notifier's own ``attempt_record_batch`` statement, which moves the delivery and
 writes its attempt row), and only then acknowledge (``ack(multiple=True)`` up to the highest tag
 below which everything is settled).
@@ -13,7 +15,7 @@ below which everything is settled).
 It leaves out what notifier does beyond the happy path (retry publishing, SSRF pinning,
 timeouts per attempt, metrics, logs); the sink answers 200, so notifier takes no other path.
 
-    python bench/baseline_asyncio.py --pg DSN --amqp URL [--concurrency 16] [--prefetch 64]
+    python bench/baseline_asyncio.py --pg DSN --amqp URL [--http httpx|h11] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiormq
 import asyncpg
+import h11
 import httpx
 
 import notifier
@@ -100,6 +104,66 @@ class Acks:
                 await self._ch.basic_ack(last, multiple=True)
 
 
+class H11Client:
+    """One keep-alive HTTP/1.1 connection (h11 over asyncio streams), opened again when the
+    server closes it or an exchange fails."""
+
+    def __init__(self) -> None:
+        self._conn: h11.Connection | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        parts = urlsplit(url)  # per attempt, as an HTTP client parses the URL of each request
+        try:
+            async with asyncio.timeout(10.0):
+                return await self._exchange(
+                    parts.hostname or "", parts.port or 80, parts.netloc, parts.path or "/",
+                    headers, body,
+                )  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    async def _exchange(
+        self, host: str, port: int, netloc: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes]:
+        if self._conn is None or self._reader is None or self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(host, port)
+            self._conn = h11.Connection(h11.CLIENT)
+        conn, reader, writer = self._conn, self._reader, self._writer
+        fields = [("host", netloc), ("content-length", str(len(body))), *headers.items()]
+        out = conn.send(h11.Request(method="POST", target=path, headers=fields)) or b""
+        out += conn.send(h11.Data(data=body)) or b""
+        out += conn.send(h11.EndOfMessage()) or b""
+        writer.write(out)
+        await writer.drain()
+        status, data = 0, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(65536))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                if len(data) < READ_LIMIT:
+                    data += bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("the server closed the connection")
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+        else:
+            self.close()
+        return status, data
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._conn = self._reader = self._writer = None
+
+
 def load_queries() -> dict[str, str]:
     """The named blocks (``-- name: NAME``) of notifier's queries_attempts.sql."""
     blocks = re.split(r"^-- name: *(\S+) *$", QUERIES.read_text(), flags=re.M)
@@ -130,10 +194,11 @@ async def run(args: argparse.Namespace) -> None:
         return [bool(moved.get(r[0])) for r in recs]
 
     state_of, record_attempt = Batch(states), Batch(record)
-    # One client (one keep-alive connection) per worker task: a shared client's pool scans its
-    # connections on every request, which costs more than the POST itself at 16 tasks.
-    clients = [
-        httpx.AsyncClient(timeout=10.0, follow_redirects=False) for _ in range(args.concurrency)
+    # One client (one keep-alive connection) per worker task: a shared httpx client's pool
+    # scans its connections on every request, which costs more than the POST itself at 16 tasks.
+    clients: list[httpx.AsyncClient | H11Client] = [
+        H11Client() if args.http == "h11" else httpx.AsyncClient(timeout=10.0)
+        for _ in range(args.concurrency)
     ]
 
     async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
@@ -143,7 +208,7 @@ async def run(args: argparse.Namespace) -> None:
         inbox.put_nowait((tag, message.body))
 
     async def deliver(
-        client: httpx.AsyncClient, message: WorkerMessage
+        client: httpx.AsyncClient | H11Client, message: WorkerMessage
     ) -> tuple[str, int | None, str | None, str | None]:
         cfg = message.channel_config
         now = time.time()
@@ -151,20 +216,24 @@ async def run(args: argparse.Namespace) -> None:
             message, signing_secrets(cfg, now), cfg.get("headers") or {}, int(now)
         )
         try:
-            async with client.stream("POST", cfg["url"], content=body, headers=headers) as resp:
-                data = b""
-                async for chunk in resp.aiter_raw():
-                    data += chunk
-                    if len(data) >= READ_LIMIT:
-                        break
-        except httpx.HTTPError as exc:
+            if isinstance(client, H11Client):
+                status, data = await client.post(cfg["url"], headers, body)
+            else:
+                async with client.stream("POST", cfg["url"], content=body, headers=headers) as resp:
+                    data = b""
+                    async for chunk in resp.aiter_raw():
+                        data += chunk
+                        if len(data) >= READ_LIMIT:
+                            break
+                status = resp.status_code
+        except (httpx.HTTPError, h11.ProtocolError, OSError, TimeoutError) as exc:
             return "retry", None, repr(exc), None
         excerpt = data[:EXCERPT].decode("utf-8", "ignore") or None
-        if 200 <= resp.status_code < 300:
-            return "delivered", resp.status_code, None, excerpt
-        return "retry", resp.status_code, f"HTTP {resp.status_code}", excerpt
+        if 200 <= status < 300:
+            return "delivered", status, None, excerpt
+        return "retry", status, f"HTTP {status}", excerpt
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: httpx.AsyncClient | H11Client) -> None:
         while True:
             tag, raw = await inbox.get()
             message = decode_message(raw)
@@ -194,7 +263,10 @@ async def run(args: argparse.Namespace) -> None:
     for t in tasks:
         t.cancel()
     for c in clients:
-        await c.aclose()
+        if isinstance(c, H11Client):
+            c.close()
+        else:
+            await c.aclose()
     await amqp.close()
     await pool.close()
 
@@ -204,6 +276,7 @@ def main() -> None:
     parser.add_argument("--pg", required=True)
     parser.add_argument("--amqp", required=True)
     parser.add_argument("--queue", default="deliveries.webhook")
+    parser.add_argument("--http", choices=("httpx", "h11"), default="httpx")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--prefetch", type=int, default=64)
     asyncio.run(run(parser.parse_args()))

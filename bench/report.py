@@ -15,8 +15,10 @@ GROUPS = ("server", "postgres", "pg_own", "rabbitmq", "harness")
 # postgres process, "pg_own" only the backends connected to the scratch database.
 # (notifier's stage, its baseline, what the ratio is of)
 PAIRS = (
-    ("delivery", "asyncio", "delivery (log INFO) vs plain asyncio"),
-    ("delivery_warning", "asyncio", "delivery (log WARNING) vs plain asyncio"),
+    ("delivery", "asyncio", "delivery (log INFO) vs asyncio + httpx"),
+    ("delivery", "asyncio_h11", "delivery (log INFO) vs asyncio + h11"),
+    ("delivery_warning", "asyncio", "delivery (log WARNING) vs asyncio + httpx"),
+    ("delivery_warning", "asyncio_h11", "delivery (log WARNING) vs asyncio + h11"),
     ("ingest_single", "quart", "POST /v1/events vs bare quart-trio"),
 )
 
@@ -57,7 +59,7 @@ def ratio_values(stages: list[Stage]) -> dict[str, dict[str, float]]:
             per_a, per_b = a.per_1000("server"), b.per_1000("server")
             all_a = sum(a.per_1000(g) or 0 for g in ("server", "pg_own", "rabbitmq"))
             all_b = sum(b.per_1000(g) or 0 for g in ("server", "pg_own", "rabbitmq"))
-            out[ours] = {
+            out[f"{ours}/{theirs}"] = {
                 "rate": a.rate / b.rate if b.rate else 0.0,
                 "cpu_per_item": per_a / per_b if per_a and per_b else 0.0,
                 "cpu_per_item_with_pg_and_rabbitmq": all_a / all_b if all_b else 0.0,
@@ -68,9 +70,8 @@ def ratio_values(stages: list[Stage]) -> dict[str, dict[str, float]]:
 def ratios(stages: list[Stage]) -> str:
     values = ratio_values(stages)
     lines = ["", "notifier / baseline, same run:"]
-    for ours, _, what in PAIRS:
-        if ours in values:
-            v = values[ours]
+    for ours, theirs, what in PAIRS:
+        if (v := values.get(f"{ours}/{theirs}")) is not None:
             lines.append(
                 f"  {what:<42} rate {v['rate']:5.2f}x   CPU per item {v['cpu_per_item']:5.2f}x "
                 f"(with its Postgres backends and RabbitMQ "
@@ -122,7 +123,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
 
     by = {s["key"]: s for s in result["stages"]}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    pairs = [("delivery", "asyncio", "delivery"), ("ingest_single", "quart", "POST /v1/events")]
+    pairs = [
+        ("delivery", "asyncio", "delivery vs asyncio+httpx"),
+        ("delivery", "asyncio_h11", "delivery vs asyncio+h11"),
+        ("ingest_single", "quart", "POST /v1/events vs quart-trio"),
+    ]
     labels, ours, theirs, cpu_ours, cpu_theirs = [], [], [], [], []
     for a, b, label in pairs:
         if a in by and b in by:

@@ -133,6 +133,7 @@ class Bench:
         roles: str,
         level: str = "INFO",
         traced_every: float | None = None,
+        traced_frames: int = 1,
         wait: bool = True,
     ) -> subprocess.Popen[bytes]:
         """Start notifier with ``roles``; with ``wait``, return once it logged that it runs
@@ -146,7 +147,7 @@ class Bench:
         argv = [sys.executable, "-m", "notifier"]
         if traced_every is not None:
             argv = [sys.executable, str(HERE / "traced.py"), str(self.tmp / "trace.txt"),
-                    str(traced_every)]  # fmt: skip
+                    str(traced_every), str(traced_frames)]  # fmt: skip
         argv += ["run", "--role", roles, "--config", str(config)]
         proc = self.procs.start(name, argv, env)
 
@@ -207,7 +208,8 @@ class Bench:
                            seconds=seconds, connections=16)  # fmt: skip
         cpu = stop()
         stage = Stage(
-            key, name, "events", res.requests * batch, res.seconds, p50_ms=res.p50_ms,
+            key, name, "events", (res.requests - res.errors["status"]) * batch, res.seconds,
+            p50_ms=res.p50_ms,
             p99_ms=res.p99_ms, cpu=cpu,
             extra={"server": server, "requests": res.requests, "errors": res.errors,
                    "p90_ms": res.p90_ms, "max_ms": res.max_ms},
@@ -336,7 +338,7 @@ class Bench:
         )
         # paced at a fraction of the saturation rate: ingest→delivered latency
         target = max(1.0, fraction * e2e.rate)
-        connections = 4
+        connections = 16  # wrk waits delay() after each answer: more connections, less drift
         delay_ms = connections * 1000 / target
         base = self.sink.count()
         stop = self.measure()
@@ -351,7 +353,8 @@ class Bench:
         lat = self.latencies("bench.paced", base, accepted)
         self.samples["paced.latency_ms"] = lat
         self.done(Stage(
-            "paced", f"end to end, paced at {fraction:.0%} of it", "events", accepted,
+            "paced", f"end to end, paced at {fraction:.0%} ({target:.0f}/s asked)", "events",
+            accepted,
             res.seconds, p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95),
             p99_ms=percentile(lat, 99), cpu=cpu,
             extra={"server": "notifier, all roles", "target_per_s": target,
@@ -370,10 +373,10 @@ class Bench:
             if a.webhook_id in created
         ]
 
-    def baseline_asyncio(self) -> subprocess.Popen[bytes]:
+    def baseline_asyncio(self, http: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
-                "--amqp", self.scratch.amqp_url]  # fmt: skip
-        self.subject = self.procs.start("baseline-asyncio", argv)
+                "--amqp", self.scratch.amqp_url, "--http", http]  # fmt: skip
+        self.subject = self.procs.start(f"baseline-asyncio-{http}", argv)
         return self.subject
 
     def baseline_quart(self) -> None:
@@ -418,9 +421,11 @@ class Bench:
             self.drain(key, f"delivery, queue → webhook (log {level})", "notifier --role workers",
                        f"bench.delivery.{level.lower()}", backlog, start)  # fmt: skip
             self.stop_subject()
-        self.drain("asyncio", "  baseline: plain asyncio, same work", "asyncio baseline",
-                   "bench.delivery.asyncio", backlog, self.baseline_asyncio)  # fmt: skip
-        self.stop_subject()
+        for key, http in (("asyncio", "httpx"), ("asyncio_h11", "h11")):
+            self.drain(key, f"  baseline: plain asyncio, same work, {http}",
+                       f"asyncio baseline ({http})", f"bench.delivery.{key}", backlog,
+                       functools.partial(self.baseline_asyncio, http))  # fmt: skip
+            self.stop_subject()
 
         # end to end
         self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
@@ -457,6 +462,8 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true",
                         help="with --soak: tracemalloc and gc counts in the workers")  # fmt: skip
     parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
+                        help="frames kept per allocation (more: slower)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -472,7 +479,8 @@ def main() -> int:
         if args.soak:
             from bench.soak import soak
 
-            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every)
+            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every,
+                 trace_frames=args.trace_frames)  # fmt: skip
         else:
             bench.run()
     finally:

@@ -9,7 +9,6 @@ the rate and RSS of a traced run are not comparable with an untraced one)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -38,7 +37,10 @@ def slope_bytes_per_delivery(samples: list[tuple[float, int, int]], after: int) 
     return sum((d - mx) * (k - my) for d, k in pts) / var * 1024
 
 
-def soak(bench: Bench, total: int, trace: bool = False, trace_every: float = 60.0) -> None:
+def soak(
+    bench: Bench, total: int, trace: bool = False, trace_every: float = 60.0,
+    trace_frames: int = 1,
+) -> None:  # fmt: skip
     s = bench.scratch
     bench.sink = sink = Sink(bench.procs, bench.tmp)
     s.create(sink.url)
@@ -57,7 +59,9 @@ def soak(bench: Bench, total: int, trace: bool = False, trace_every: float = 60.
 
     feed()
     if trace:
-        proc = bench.start_notifier("workers", traced_every=trace_every, wait=False)
+        proc = bench.start_notifier(
+            "workers", traced_every=trace_every, traced_frames=trace_frames, wait=False
+        )
     else:
         proc = bench.start_notifier("workers", wait=False)
     t0 = time.time()
@@ -106,4 +110,4 @@ def soak(bench: Bench, total: int, trace: bool = False, trace_every: float = 60.
     bench.samples["soak.rss"] = samples
     bench.samples["soak.slope_bytes_per_delivery"] = slope
     if trace:
-        print(f"allocation growth: {bench.tmp / 'trace.txt'}", file=sys.stderr, flush=True)
+        print(f"allocation growth: {bench.tmp / 'trace.txt'}", flush=True)
