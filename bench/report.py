@@ -124,9 +124,9 @@ def chart(result: dict[str, Any], path: Path) -> None:
     by = {s["key"]: s for s in result["stages"]}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     pairs = [
-        ("delivery", "asyncio", "delivery vs asyncio+httpx"),
-        ("delivery", "asyncio_h11", "delivery vs asyncio+h11"),
-        ("ingest_single", "quart", "POST /v1/events vs quart-trio"),
+        ("delivery", "asyncio", "delivery\nvs asyncio + httpx"),
+        ("delivery", "asyncio_h11", "delivery\nvs asyncio + h11"),
+        ("ingest_single", "quart", "POST /v1/events\nvs bare quart-trio"),
     ]
     labels, ours, theirs, cpu_ours, cpu_theirs = [], [], [], [], []
     for a, b, label in pairs:

@@ -12,22 +12,26 @@ import os
 import subprocess
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiormq
 import asyncpg
 from pamqp.commands import Basic
 
+import notifier
 from notifier.adapters.webhook.signing import generate_secret
 from notifier.broker.topology import EXCHANGE, build_topology, main_queue
 from notifier.config import RetryConfig
 from notifier.ingest.tenants import hash_api_key
 from notifier.messages import decode_message
-from notifier.store.pg import SCHEMA_PATH
 
 PG = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 AMQP = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 QUEUE = main_queue("webhook")
+# Read from notifier's package rather than imported from notifier.store, which would install
+# trio-asyncio's event loop policy: the harness runs on plain asyncio.
+SCHEMA_PATH = Path(notifier.__file__).parent / "store" / "schema.sql"
 PAYLOAD_NOTE = 900  # characters of filler: with the other fields, a payload of about 1 KB
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from bench.procs import rss_kib
+from bench.procs import rss_kib, wait_for
 from bench.sink import Sink
 
 if TYPE_CHECKING:
@@ -66,9 +66,10 @@ def soak(
         proc = bench.start_notifier("workers", wait=False)
     t0 = time.time()
     samples: list[tuple[float, int, int]] = []
+    next_sample = 0.0
+    wait_for(lambda: sink.count() > 0, 120, "the first webhook")  # RSS of a started process
     print(f"{'seconds':>8} {'delivered':>10} {'per s':>7} {'RSS MiB':>8}", flush=True)
     last_print = (0.0, 0)
-    next_sample = 0.0
     deadline = time.monotonic() + total / 20 + 600
     while (done := sink.count()) < total:
         now = time.time() - t0
@@ -99,15 +100,20 @@ def soak(
     print(f"{end:8.0f} {total:>10} {'':7} {samples[-1][2] / 1024:8.1f}", flush=True)
     bench.stop_subject()
     slope = slope_bytes_per_delivery(samples, int(total * WARMUP))
+    late = slope_bytes_per_delivery(samples, total // 2)
     peak = max(k for _, _, k in samples)
+
+    def grows(value: float | None) -> str:
+        return f"{value:.1f} bytes per delivery" if value is not None else "(too few samples)"
+
     print(
         f"soak: {total} delivered in {end:.0f} s ({total / end:.0f}/s); RSS peak "
-        f"{peak / 1024:.1f} MiB, end {samples[-1][2] / 1024:.1f} MiB; after the first "
-        f"{WARMUP:.0%} RSS grows "
-        + (f"{slope:.1f} bytes per delivery" if slope is not None else "(too few samples)"),
+        f"{peak / 1024:.1f} MiB, end {samples[-1][2] / 1024:.1f} MiB; RSS grows "
+        f"{grows(slope)} after the first {WARMUP:.0%}, {grows(late)} over the second half",
         flush=True,
     )
     bench.samples["soak.rss"] = samples
     bench.samples["soak.slope_bytes_per_delivery"] = slope
+    bench.samples["soak.second_half_bytes_per_delivery"] = late
     if trace:
         print(f"allocation growth: {bench.tmp / 'trace.txt'}", flush=True)
