@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -472,6 +473,9 @@ def main() -> int:
         if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
             print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
             return 2
+    # a SIGTERM unwinds like Ctrl-C: the processes started here are killed and the scratch
+    # database and vhost dropped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     tmp = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
     bench = Bench(args, tmp)
     started = time.time()
