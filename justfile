@@ -58,6 +58,12 @@ fmt: setup
 migrate: setup services
     {{bin}}/notifier migrate --config {{config}}
 
-# throughput of ingest, relay, workers and the whole pipeline on this machine (loopback only)
+# every stage against a baseline run alongside (wrk load, nginx sink; loopback only); see bench/README.md
 bench *args: setup services
-    {{bin}}/python bench/bench.py {{args}}
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if ! command -v wrk >/dev/null || ! { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; }; then
+        sudo=""; if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+        $sudo apt-get install -y wrk nginx-light
+    fi
+    {{bin}}/python -m bench {{args}}

@@ -1,0 +1,509 @@
+"""``just bench``: notifier's stages measured against baselines in the same invocation.
+
+Stages (each notifier run is ``python -m notifier run --role … --config FILE``, a process of its
+own; load from wrk, webhooks into an nginx sink):
+
+- ingest single / batch: wrk -t1 -c16 POSTing ~1 KB events (100 per request for the batch);
+  the same wrk script against a bare quart-trio app (bench/baseline_quart.py).
+- relay: a backlog in the outbox, the relay alone publishing it to RabbitMQ.
+- delivery: ``--role workers`` draining a backlog of signed webhooks into nginx; the same backlog
+  size drained by a plain asyncio process doing the same work (bench/baseline_asyncio.py).
+- end to end: every role in one process, wrk unpaced (the saturation rate), then paced at a
+  fraction of it for the ingest→delivered latency.
+- memory (``--memory``): RSS of the workers while draining 100,000; ``--soak N``: RSS while
+  delivering N.
+
+CPU is utime+stime from /proc for notifier (or the baseline), every postgres process, RabbitMQ
+(beam.smp), and the harness (wrk and nginx); per 1,000 items of the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.procs import CpuGroups, Processes, alive, pids_named, rss_kib, wait_for
+from bench.scratch import Scratch
+from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Stage:
+    key: str
+    name: str
+    unit: str
+    items: int
+    seconds: float
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    def per_1000(self, group: str) -> float | None:
+        if group not in self.cpu or not self.items:
+            return None
+        return self.cpu[group] / self.items * 1000
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["rate"] = self.rate
+        out["cpu_per_1000"] = {g: self.per_1000(g) for g in self.cpu}
+        return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (not empty), ``q`` in [0, 100]."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def notifier_config(path: Path, s: Scratch, port: int, level: str) -> None:
+    path.write_text(f"""
+[service]
+shutdown_grace_seconds = 5
+[database]
+url = "{s.db_url}"
+pool_max_size = 20
+[broker]
+url = "{s.amqp_url}"
+[ingest]
+bind = "127.0.0.1:{port}"
+[relay]
+batch_size = 500
+poll_interval_seconds = 0.5
+[workers.webhook]
+concurrency = 16
+prefetch = 64
+allow_private_networks = true
+[logging]
+level = "{level}"
+""")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.procs = Processes(tmp)
+        self.scratch = Scratch()
+        self.sink: Sink | None = None
+        self.subject: subprocess.Popen[bytes] | None = None  # the measured server process
+        self.wrk_cpu = 0.0
+        self.port = free_port()
+        self.stages: list[Stage] = []
+        self.samples: dict[str, Any] = {}
+        beam = pids_named("beam.smp")
+        self.cpu = CpuGroups({
+            "server": lambda: alive([self.subject.pid]) if self.subject else [],
+            "postgres": lambda: pids_named("postgres"),
+            "pg_own": lambda: self.scratch.backend_pids() if self.scratch.created else [],
+            "rabbitmq": lambda: beam,
+            "harness": lambda: self.sink.pids() if self.sink else [],
+        })  # fmt: skip
+
+    # -- helpers --
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def start_notifier(
+        self,
+        roles: str,
+        level: str = "INFO",
+        traced_every: float | None = None,
+        traced_frames: int = 1,
+        wait: bool = True,
+    ) -> subprocess.Popen[bytes]:
+        """Start notifier with ``roles``; with ``wait``, return once it logged that it runs
+        (an INFO line: below INFO a caller has its own sign, such as the first webhook)."""
+        config = self.tmp / f"notifier-{level}.toml"
+        notifier_config(config, self.scratch, self.port, level)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
+        name = f"notifier-{roles.replace(',', '+')}-{level}"
+        log = self.tmp / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        argv = [sys.executable, "-m", "notifier"]
+        if traced_every is not None:
+            argv = [sys.executable, str(HERE / "traced.py"), str(self.tmp / "trace.txt"),
+                    str(traced_every), str(traced_frames)]  # fmt: skip
+        argv += ["run", "--role", roles, "--config", str(config)]
+        proc = self.procs.start(name, argv, env)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"notifier exited {proc.returncode}; see {log}")
+            with log.open("rb") as f:
+                f.seek(offset)
+                return b"notifier running" in f.read()
+
+        self.subject = proc
+        if wait:
+            wait_for(ready, 60, f"notifier {roles} to start")
+        return proc
+
+    def stop_subject(self) -> None:
+        if self.subject is not None:
+            code = self.procs.stop(self.subject)
+            if code not in (0, -15):
+                self.say(f"warning: the measured process exited {code}")
+            self.subject = None
+
+    def run_wrk(self, url: str, *, path: str, batch: int, event_type: str, seconds: float,
+                connections: int, delay_ms: float = 0.0) -> WrkResult:  # fmt: skip
+        proc, out = start_wrk(
+            self.procs, self.tmp, url, key=self.scratch.key, path=path, batch=batch,
+            event_type=event_type, seconds=seconds, connections=connections, delay_ms=delay_ms,
+        )  # fmt: skip
+        # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.wrk_cpu += usage.ru_utime + usage.ru_stime
+        if not out.exists():
+            raise RuntimeError(f"wrk exited {proc.returncode} without figures; see {self.tmp}")
+        from bench.sink import wrk_result
+
+        return wrk_result(proc, out, 5)
+
+    def measure(self) -> Callable[[], dict[str, float]]:
+        """Start measuring CPU; the returned function ends it (CPU seconds per group)."""
+        before = self.cpu.read()
+        wrk0 = self.wrk_cpu
+
+        def stop() -> dict[str, float]:
+            spent = CpuGroups.spent(before, self.cpu.read())
+            spent["harness"] += self.wrk_cpu - wrk0
+            return spent
+
+        return stop
+
+    # -- stages --
+
+    def ingest(self, key: str, name: str, server: str, path: str, batch: int,
+               event_type: str, seconds: float) -> Stage:  # fmt: skip
+        url = f"http://127.0.0.1:{self.port}"
+        stop = self.measure()
+        res = self.run_wrk(url, path=path, batch=batch, event_type=event_type,
+                           seconds=seconds, connections=16)  # fmt: skip
+        cpu = stop()
+        stage = Stage(
+            key, name, "events", (res.requests - res.errors["status"]) * batch, res.seconds,
+            p50_ms=res.p50_ms,
+            p99_ms=res.p99_ms, cpu=cpu,
+            extra={"server": server, "requests": res.requests, "errors": res.errors,
+                   "p90_ms": res.p90_ms, "max_ms": res.max_ms},
+        )  # fmt: skip
+        if res.failed:
+            stage.extra["note"] = f"{res.failed} requests failed or were refused"
+        return self.done(stage)
+
+    def done(self, stage: Stage) -> Stage:
+        self.stages.append(stage)
+        print(report.line(stage), flush=True)
+        return stage
+
+    def drain(self, key: str, name: str, server: str, event_type: str, count: int,
+              start: Callable[[], subprocess.Popen[bytes]], rss_every: float = 0.5,
+              progress_every: int = 0) -> Stage:  # fmt: skip
+        """Make a backlog of ``count`` deliveries in the queue, start the server, and measure
+        from its first webhook to the ``count``-th (the start-up is not measured)."""
+        assert self.sink is not None
+        t_make = time.time()
+        bodies = self.scratch.make_backlog(event_type, count)
+        self.scratch.publish(bodies)
+        del bodies
+        self.say(f"  {name}: backlog of {count} made and queued in {time.time() - t_make:.1f} s")
+        base = self.sink.count()
+        proc = start()
+        wait_for(lambda: self.sink is not None and self.sink.count() > base, 60,
+                 "the first webhook")  # fmt: skip
+        stop = self.measure()
+        t0 = time.time()
+        first = self.sink.count() - base
+        rss: list[tuple[float, int, int]] = []  # (seconds, delivered, KiB)
+        next_rss = 0.0
+        deadline = time.monotonic() + max(120.0, count / 50)
+        next_progress = progress_every
+        while (n := self.sink.count() - base) < count:
+            now = time.time()
+            if now >= next_rss:
+                rss.append((now - t0, n, rss_kib(proc.pid)))
+                next_rss = now + rss_every
+            if progress_every and n >= next_progress:
+                self.say(f"    {n:>8} delivered, RSS {rss[-1][2] / 1024:.1f} MiB")
+                next_progress += progress_every
+            if proc.poll() is not None:
+                raise RuntimeError(f"{server} exited {proc.returncode} during the drain")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: only {n} of {count} delivered")
+            time.sleep(0.05)
+        rss.append((time.time() - t0, count, rss_kib(proc.pid)))
+        last = self.sink.arrivals(base + count - 1, base + count)[0]
+        # the last webhook's attempt is recorded and acked just after it arrived: one check
+        wait_for(lambda: self.scratch.delivered(event_type)[0] >= count, 30,
+                 f"{count} DELIVERED in Postgres", every=0.5)  # fmt: skip
+        cpu = stop()
+        delivered, attempts = self.scratch.delivered(event_type)
+        arrivals = self.sink.arrivals(base, base + count)
+        stage = Stage(
+            key, name, "deliveries", count - first, last.at - t0, cpu=cpu,
+            extra={
+                "server": server, "backlog": count, "delivered_in_postgres": delivered,
+                "attempt_rows": attempts, "signed": sum(a.signed for a in arrivals),
+                "rss_peak_kib": max(r[2] for r in rss), "rss_end_kib": rss[-1][2],
+            },
+        )  # fmt: skip
+        self.samples[f"{key}.rss"] = rss
+        if delivered != count or stage.extra["signed"] != count:
+            stage.extra["note"] = (
+                f"{delivered} DELIVERED, {stage.extra['signed']} signed of {count}"
+            )
+        return self.done(stage)
+
+    def relay(self, limit: int) -> Stage:
+        s = self.scratch
+        s.execute("CREATE TABLE bench_hold AS SELECT * FROM outbox ORDER BY id LIMIT $1"
+                  .replace("$1", str(limit)))  # fmt: skip
+        s.execute("DELETE FROM outbox")
+        rows = int(s.value("SELECT count(*) FROM bench_hold"))
+        s.purge()
+        self.start_notifier("relay")
+        s.execute("INSERT INTO outbox SELECT * FROM bench_hold")
+        stop = self.measure()
+        t0 = time.time()
+        wait_for(lambda: s.queue_depth() >= rows, max(60.0, rows / 100), "the relay")
+        seconds = time.time() - t0
+        wait_for(lambda: s.value("SELECT count(*) FROM outbox") == 0, 30,
+                 "the outbox to empty", every=0.5)  # fmt: skip
+        cpu = stop()
+        self.stop_subject()
+        s.execute("DROP TABLE bench_hold")
+        s.purge()
+        return self.done(Stage("relay", "relay, outbox → RabbitMQ", "messages", rows, seconds,
+                               cpu=cpu, extra={"server": "notifier --role relay"}))  # fmt: skip
+
+    def end_to_end(self, seconds: float, paced_seconds: float, fraction: float) -> None:
+        s = self.scratch
+        assert self.sink is not None
+        url = f"http://127.0.0.1:{self.port}"
+        self.start_notifier("ingest,relay,workers,maintenance")
+        # unpaced: the saturation rate, and how delivery fares while ingest is loaded
+        base = self.sink.count()
+        stop = self.measure()
+        t0 = time.time()
+        res = self.run_wrk(url, path="/v1/events", batch=1, event_type="bench.e2e",
+                           seconds=seconds, connections=16)  # fmt: skip
+        t_load = time.time()
+        during = self.sink.count() - base
+        accepted = int(s.value("SELECT count(*) FROM events WHERE type = 'bench.e2e'"))
+        wait_for(lambda: self.sink is not None and self.sink.count() - base >= accepted,
+                 max(120.0, accepted / 20), "end-to-end deliveries")  # fmt: skip
+        last = self.sink.arrivals(base + accepted - 1, base + accepted)[0]
+        cpu = stop()
+        lat = self.latencies("bench.e2e", base, accepted)
+        e2e = self.done(Stage(
+            "e2e", "end to end, POST → delivered (unpaced)", "events", accepted, last.at - t0,
+            p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95), p99_ms=percentile(lat, 99),
+            cpu=cpu, extra={
+                "server": "notifier, all roles", "accepted_per_s": res.requests / res.seconds,
+                "ingest_p99_ms": res.p99_ms, "delivered_during_load": during,
+                "delivered_during_load_per_s": during / (t_load - t0),
+                "drain_after_load_s": last.at - t_load, "wrk_errors": res.errors,
+            },
+        ))  # fmt: skip
+        self.say(
+            f"  while the load lasted: {res.requests / res.seconds:.0f} events/s accepted, "
+            f"{during / (t_load - t0):.0f}/s delivered; then {last.at - t_load:.1f} s to drain"
+        )
+        # paced at a fraction of the saturation rate: ingest→delivered latency
+        target = max(1.0, fraction * e2e.rate)
+        connections = 16  # wrk waits delay() after each answer: more connections, less drift
+        delay_ms = connections * 1000 / target
+        base = self.sink.count()
+        stop = self.measure()
+        t0 = time.time()
+        res = self.run_wrk(url, path="/v1/events", batch=1, event_type="bench.paced",
+                           seconds=paced_seconds, connections=connections,
+                           delay_ms=delay_ms)  # fmt: skip
+        accepted = int(s.value("SELECT count(*) FROM events WHERE type = 'bench.paced'"))
+        wait_for(lambda: self.sink is not None and self.sink.count() - base >= accepted,
+                 120, "paced deliveries")  # fmt: skip
+        cpu = stop()
+        lat = self.latencies("bench.paced", base, accepted)
+        self.samples["paced.latency_ms"] = lat
+        self.done(Stage(
+            "paced", f"end to end, paced at {fraction:.0%} ({target:.0f}/s asked)", "events",
+            accepted,
+            res.seconds, p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95),
+            p99_ms=percentile(lat, 99), cpu=cpu,
+            extra={"server": "notifier, all roles", "target_per_s": target,
+                   "ingest_p50_ms": res.p50_ms, "ingest_p99_ms": res.p99_ms,
+                   "wrk_errors": res.errors},
+        ))  # fmt: skip
+        self.stop_subject()
+
+    def latencies(self, event_type: str, base: int, count: int) -> list[float]:
+        """ingest→delivered in ms per delivery: the sink's arrival minus the event's creation."""
+        assert self.sink is not None
+        created = self.scratch.created_at(event_type)
+        return [
+            (a.at - created[a.webhook_id]) * 1000
+            for a in self.sink.arrivals(base, base + count)
+            if a.webhook_id in created
+        ]
+
+    def baseline_asyncio(self, http: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
+                "--amqp", self.scratch.amqp_url, "--http", http]  # fmt: skip
+        self.subject = self.procs.start(f"baseline-asyncio-{http}", argv)
+        return self.subject
+
+    def baseline_quart(self) -> None:
+        argv = [sys.executable, str(HERE / "baseline_quart.py"), "--bind",
+                f"127.0.0.1:{self.port}"]  # fmt: skip
+        self.subject = self.procs.start("baseline-quart", argv)
+        wait_for(lambda: listening(self.port), 30, "the quart-trio baseline")
+
+    # -- the whole run --
+
+    def run(self) -> None:
+        a = self.args
+        quick = a.quick
+        secs = 4.0 if quick else a.seconds
+        backlog = 1000 if quick else a.backlog
+        self.sink = Sink(self.procs, self.tmp)
+        self.scratch.create(self.sink.url)
+        self.say(f"scratch database and vhost {self.scratch.name}; files in {self.tmp}")
+        print(report.header(), flush=True)
+
+        # ingest
+        self.start_notifier("ingest")
+        self.ingest("ingest_single", "ingest, POST /v1/events", "notifier --role ingest",
+                    "/v1/events", 1, "bench.ingest", secs)  # fmt: skip
+        self.ingest("ingest_batch", "ingest, POST /v1/events/batch (100 each)",
+                    "notifier --role ingest", "/v1/events/batch", 100, "bench.batch",
+                    secs / 2)  # fmt: skip
+        self.stop_subject()
+        self.baseline_quart()
+        self.ingest("quart", "  baseline: quart-trio app, reads the body", "quart-trio",
+                    "/v1/events", 1, "bench.quart", secs)  # fmt: skip
+        self.stop_subject()
+
+        # relay
+        self.relay(2000 if quick else a.relay_rows)
+
+        # delivery
+        levels = ["INFO"] if quick or not a.warning_run else ["INFO", "WARNING"]
+        for level in levels:
+            key = "delivery" if level == "INFO" else "delivery_warning"
+            start = functools.partial(self.start_notifier, "workers", level, wait=False)
+            self.drain(key, f"delivery, queue → webhook (log {level})", "notifier --role workers",
+                       f"bench.delivery.{level.lower()}", backlog, start)  # fmt: skip
+            self.stop_subject()
+        for key, http in (("asyncio", "httpx"), ("asyncio_h11", "h11")):
+            self.drain(key, f"  baseline: plain asyncio, same work, {http}",
+                       f"asyncio baseline ({http})", f"bench.delivery.{key}", backlog,
+                       functools.partial(self.baseline_asyncio, http))  # fmt: skip
+            self.stop_subject()
+
+        # end to end
+        self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
+
+        # memory
+        if a.memory:
+            self.drain("memory", "memory: workers draining 100,000", "notifier --role workers",
+                       "bench.memory", 100_000, lambda: self.start_notifier("workers", wait=False),
+                       rss_every=1.0, progress_every=10_000)  # fmt: skip
+            self.stop_subject()
+
+    def close(self) -> None:
+        try:
+            self.stop_subject()
+        finally:
+            self.procs.close()
+            self.scratch.drop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
+    parser.add_argument("--seconds", type=float, default=15.0, help="wrk duration per stage")
+    parser.add_argument("--backlog", type=int, default=10_000, help="deliveries per drain")
+    parser.add_argument("--relay-rows", type=int, default=20_000)
+    parser.add_argument("--paced-seconds", type=float, default=20.0)
+    parser.add_argument("--paced-fraction", type=float, default=0.5)
+    parser.add_argument("--no-warning-run", dest="warning_run", action="store_false",
+                        help="skip the delivery stage at log level WARNING")  # fmt: skip
+    parser.add_argument("--memory", action="store_true",
+                        help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
+    parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",
+                        help="only the soak: deliver N (default 500,000), print RSS")  # fmt: skip
+    parser.add_argument("--trace", action="store_true",
+                        help="with --soak: tracemalloc and gc counts in the workers")  # fmt: skip
+    parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
+                        help="frames kept per allocation (more: slower)")  # fmt: skip
+    parser.add_argument("--json", type=Path, metavar="FILE")
+    parser.add_argument("--chart", type=Path, metavar="FILE.png")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+    for tool in ("wrk", "nginx"):
+        if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
+            print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
+            return 2
+    # a SIGTERM unwinds like Ctrl-C: the processes started here are killed and the scratch
+    # database and vhost dropped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    tmp = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
+    bench = Bench(args, tmp)
+    started = time.time()
+    try:
+        if args.soak:
+            from bench.soak import soak
+
+            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every,
+                 trace_frames=args.trace_frames)  # fmt: skip
+        else:
+            bench.run()
+    finally:
+        bench.close()
+    elapsed = time.time() - started
+    if not args.soak:
+        print(report.ratios(bench.stages), flush=True)
+        print(report.memory(bench.stages), flush=True)
+    print(f"\n{report.machine()}; run took {elapsed:.0f} s", flush=True)
+    result = {
+        "machine": report.machine_info(), "started": started, "seconds": elapsed,
+        "argv": sys.argv[1:], "python": platform.python_version(),
+        "stages": [s.as_dict() for s in bench.stages],
+        "ratios": report.ratio_values(bench.stages), "samples": bench.samples,
+    }  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.chart:
+        report.chart(result, args.chart)
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
