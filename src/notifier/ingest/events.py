@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 
 from notifier.config import Config
+from notifier.errors import StoreError, StoreUnavailable
 from notifier.ingest.models import EventIn
-from notifier.store.rows import NewEvent
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
+from notifier.store.rows import IngestResult, NewEvent
 
 
 def max_attempts_by_type(config: Config) -> dict[str, int]:
@@ -34,3 +38,48 @@ def new_event(e: EventIn, key: str | None) -> NewEvent:
         payload=msgspec.Raw(msgspec.json.encode(e.payload)), idempotency_key=key,
         request_hash=request_hash(e), channel_ids=e.channel_ids,
     )  # fmt: skip
+
+
+Outcome = IngestResult | IdempotencyConflict | UnknownChannels
+Pair = tuple[uuid.UUID, NewEvent]  # a tenant id and one of its events
+
+
+class EachStore(Protocol):
+    async def ingest_each(
+        self, events: Sequence[Pair], max_attempts: Mapping[str, int]
+    ) -> list[Outcome]: ...
+
+
+def store_each(
+    store: EachStore, max_attempts: Mapping[str, int]
+) -> Callable[[Sequence[Pair]], Awaitable[list[Outcome | StoreError]]]:
+    """The batch function of the group commit of single events (``groupcommit.GroupCommit``):
+    the events of concurrent requests, of any tenants, stored together, each on its own — one
+    outcome per event (its result, its idempotency conflict, its unknown channels), so that one
+    request's refusal is not another's.
+
+    Postgres unavailable fails the whole batch (every request answers 503, as alone). Any other
+    store error fails the batch's statement for all, though one event may be the cause (a text
+    Postgres cannot hold): the events are then stored one by one, so that only the offender gets
+    the error, as its outcome."""
+
+    async def run(events: Sequence[Pair]) -> list[Outcome | StoreError]:
+        try:
+            return list(await store.ingest_each(events, max_attempts))
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            if len(events) == 1:
+                raise
+        outcomes: list[Outcome | StoreError] = []
+        for pair in events:
+            try:
+                outcomes.extend(await store.ingest_each([pair], max_attempts))
+            except StoreUnavailable as exc:
+                outcomes.extend([exc] * (len(events) - len(outcomes)))  # and the rest too
+                break
+            except StoreError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    return run

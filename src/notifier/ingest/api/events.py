@@ -86,8 +86,22 @@ async def post_event() -> Response:
                 "idempotency_key: differs from the Idempotency-Key header",
             )  # fmt: skip
         key = header_key
-    (result,) = await ingest(tenant_id, [new_event(data, key)])
-    return json_response(event_view(result.event), 202 if result.created else 200)
+    event = new_event(data, key)
+    admit(tenant_id, 1)
+    ctx = api_context()
+    # Stored together with the events of the requests in flight beside it: one statement, one
+    # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
+    # request in the batch does not touch it.
+    outcome = await ctx.commit((tenant_id, event))
+    if isinstance(outcome, IdempotencyConflict):
+        raise ApiError(409, "idempotency_conflict", str(outcome)) from outcome
+    if isinstance(outcome, UnknownChannels):
+        raise ApiError(422, "validation_error", f"channel_ids: {outcome}") from outcome
+    if isinstance(outcome, Exception):
+        raise outcome  # answered like any store error (UnstorableText: 422)
+    if outcome.created:
+        ctx.ingested.inc()
+    return json_response(event_view(outcome.event), 202 if outcome.created else 200)
 
 
 @routes.post("/v1/events/batch")
