@@ -37,6 +37,24 @@ def _event(row: Row, idempotency_key: str | None) -> Event:
     )
 
 
+def _created(row: Row, idempotency_key: str | None) -> Event:
+    """An event ``insert_events`` has just stored, its deliveries PENDING."""
+    return Event(
+        id=row["id"],
+        type=row["type"],
+        recipient=row["recipient"],
+        payload=row["payload"],
+        idempotency_key=idempotency_key,
+        created_at=row["created_at"],
+        deliveries=[
+            DeliverySummary(id=d, channel_id=c, channel_type=t, status="PENDING")
+            for d, c, t in zip(
+                row["delivery_ids"], row["channel_ids"], row["channel_types"], strict=True
+            )
+        ],
+    )
+
+
 def _all_or_conflict(outcomes: list[IngestResult | IdempotencyConflict]) -> list[IngestResult]:
     """The results of a batch that is stored whole, or the first conflict in it, raised."""
     for outcome in outcomes:
@@ -65,9 +83,10 @@ class EventQueries(Queries):
                 owned = {r["id"] for r in await conn.fetch(Q["channels_owned"], tenant_id, named)}
                 if missing := sorted(named - owned):
                     raise UnknownChannels(missing)
-            if len(events) == 1:
-                # One statement, no explicit transaction: a single round trip. A key conflict
-                # writes nothing, so there is nothing to roll back.
+            if len(events) == 1 or all(e.idempotency_key is None for e in events):
+                # One statement, no explicit transaction: a single round trip, atomic on its
+                # own. Only a key can make it skip an event, and one event skipped for a
+                # conflict writes nothing: either way there is nothing to roll back.
                 outcomes = await self._ingest_group(conn, tenant_id, events, max_attempts)
                 return _all_or_conflict(outcomes)
             async with conn.transaction():  # a conflict anywhere rolls back the whole batch
@@ -168,7 +187,7 @@ class EventQueries(Queries):
         for e in events:
             key = e.idempotency_key
             if e.id in created:
-                outcomes.append(IngestResult(event=_event(created[e.id], key), created=True))
+                outcomes.append(IngestResult(event=_created(created[e.id], key), created=True))
                 continue
             assert key is not None  # only a key makes an insert skip an event
             prior = earlier.get(key)

@@ -13,7 +13,7 @@ from quart import Blueprint, Response, request
 from notifier.ingest.api.auth import current_tenant
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
-from notifier.ingest.events import new_event
+from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
@@ -111,7 +111,11 @@ async def post_batch() -> Response:
     max_events = api_context().config.ingest.max_batch_events
     if len(data.events) > max_events:
         raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
-    results = await ingest(tenant_id, [new_event(e, e.idempotency_key) for e in data.events])
+    ids = new_ids(len(data.events))
+    results = await ingest(
+        tenant_id,
+        [new_event(e, e.idempotency_key, i) for e, i in zip(data.events, ids, strict=True)],
+    )
     status = 202 if any(r.created for r in results) else 200
     return json_response(EventBatch(events=[event_view(r.event) for r in results]), status)
 
