@@ -6,7 +6,11 @@ For each target it prints the request rate, wrk's p50/p99 and the server's CPU-s
 ``--profile`` it records the notifier process with py-spy under the same load (a separate run,
 so the sampling does not weigh on the figures) and prints where the samples fall.
 
-    python bench/ingest_probe.py [--seconds 10] [--connections 16] [--profile]
+    python bench/ingest_probe.py [--seconds 10] [--connections 16] [--rounds 1] [--keyed]
+        [--only single|batch] [--profile single|batch] [--before DIR]
+
+``--before DIR`` also runs the notifier of another source tree (``git archive`` of a commit,
+unpacked in DIR) on the same database, measured in the same run: before and after side by side.
 
 Everything runs on 127.0.0.1 against a scratch database and vhost, dropped at the end.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import re
 import signal
@@ -71,6 +76,20 @@ def transactions() -> int:
     return int(pg(f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{NAME}'")[0][0])
 
 
+def postgres_backends() -> list[int]:
+    """The server processes of the connections to the scratch database (the service's pool)."""
+    rows = pg(f"SELECT pid FROM pg_stat_activity WHERE datname = '{NAME}'")
+    return [r[0] for r in rows]
+
+
+def cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone: its CPU is lost from the figure
+            total += cpu_seconds(pid)
+    return total
+
+
 def wait_http(url: str, limit: float = 30) -> None:
     deadline = time.monotonic() + limit
     while True:
@@ -111,9 +130,11 @@ def measure(
     per_request: int = 1,
 ) -> dict[str, float]:
     wrk(url, 2, connections, env)  # warm-up
-    before, commits = cpu_seconds(pid), transactions()
+    backends = postgres_backends()
+    before, commits, pg_before = cpu_seconds(pid), transactions(), cpu_of(backends)
     found = wrk(url, seconds, connections, env)
     cpu = cpu_seconds(pid) - before
+    pg_cpu = cpu_of(backends) - pg_before
     items = found["requests"] * per_request
     commits = transactions() - commits
     found["rate"] = items / found["seconds"]
@@ -121,6 +142,7 @@ def measure(
     print(
         f"{label:<36} {found['rate']:8.0f}/s  p50 {found['p50_ms']:7.1f} ms  "
         f"p99 {found['p99_ms']:7.1f} ms  CPU {found['cpu_per_1000']:5.2f} s/1,000"
+        f" (Postgres {pg_cpu / items * 1000:5.2f})"
         + (f"  NON-2xx {found['non2xx']:.0f}" if found.get("non2xx") else "")
         + (f"  errors {found['errors']:.0f}" if found.get("errors") else "")
         + (f"  ({found['requests'] / commits:.1f} requests per transaction)" if commits else ""),
@@ -225,33 +247,46 @@ def probe(args: argparse.Namespace) -> None:
 
     bare = start([sys.executable, str(HERE / "bare_quart.py"), f"127.0.0.1:{bare_port}"],
                  tmp / "bare.log")  # fmt: skip
-    notifier = start(
-        [sys.executable, "-m", "notifier", "run", "--role", "ingest", "--config", str(config)],
-        log, {"NOTIFIER_LOG_LEVEL": "WARNING"},
-    )  # fmt: skip
+    run = [sys.executable, "-m", "notifier", "run", "--role", "ingest", "--config"]
+    notifier = start([*run, str(config)], log, {"NOTIFIER_LOG_LEVEL": "WARNING"})
+    # label, process, base URL of each notifier measured: another source tree's first.
+    servers: list[tuple[str, subprocess.Popen[bytes], str]] = []
+    if args.before:
+        before_config = tmp / "before.toml"
+        write_config(before_config, port + 1)
+        before = start(
+            [*run, str(before_config)], tmp / "before.log",
+            {"NOTIFIER_LOG_LEVEL": "WARNING", "PYTHONPATH": str(Path(args.before) / "src")},
+        )  # fmt: skip
+        servers.append(("before", before, f"http://127.0.0.1:{port + 1}"))
+    servers.append(("notifier", notifier, f"http://127.0.0.1:{port}"))
     try:
         wait_http(f"http://127.0.0.1:{bare_port}/")
-        wait_http(f"http://127.0.0.1:{port}/healthz")
-        results: dict[str, dict[str, float]] = {}
+        for _, _, url in servers:
+            wait_http(f"{url}/healthz")
         for _ in range(args.rounds):
-            results["bare"] = b = measure("bare quart-trio, POST body → 202", bare.pid,
-                                          f"http://127.0.0.1:{bare_port}", args.seconds,
-                                          args.connections, env)  # fmt: skip
-            results["single"] = s = measure("notifier POST /v1/events", notifier.pid,
-                                            f"http://127.0.0.1:{port}", args.seconds,
-                                            args.connections, env)  # fmt: skip
-            if args.keyed:
-                measure("notifier POST /v1/events (keyed)", notifier.pid,
-                        f"http://127.0.0.1:{port}", args.seconds, args.connections,
-                        {**env, "KEYED": "1"})  # fmt: skip
-            measure("notifier POST /v1/events/batch (100)", notifier.pid,
-                    f"http://127.0.0.1:{port}", args.seconds, max(1, args.connections // 4),
-                    {**env, "BATCH": "100"}, per_request=100)  # fmt: skip
-            print(
-                f"  ratio single/bare: rate {s['rate'] / b['rate']:.2f}, "
-                f"CPU per request {s['cpu_per_1000'] / b['cpu_per_1000']:.2f}\n",
-                flush=True,
-            )
+            if args.only != "batch":
+                b = measure("bare quart-trio, POST body → 202", bare.pid,
+                            f"http://127.0.0.1:{bare_port}", args.seconds, args.connections,
+                            env)  # fmt: skip
+                for label, proc, url in servers:
+                    s = measure(f"{label} POST /v1/events", proc.pid, url, args.seconds,
+                                args.connections, env)  # fmt: skip
+                    if args.keyed:
+                        measure(f"{label} POST /v1/events (keyed)", proc.pid, url,
+                                args.seconds, args.connections, {**env, "KEYED": "1"})  # fmt: skip
+                    print(
+                        f"  ratio {label} single/bare: rate {s['rate'] / b['rate']:.2f}, "
+                        f"CPU per request {s['cpu_per_1000'] / b['cpu_per_1000']:.2f}",
+                        flush=True,
+                    )
+            if args.only != "single":
+                for label, proc, url in servers:
+                    measure(f"{label} POST /v1/events/batch (100)", proc.pid, url,
+                            args.seconds, max(1, args.connections // 4),
+                            {**env, "BATCH": "100"}, per_request=100)  # fmt: skip
+            print(flush=True)
+        base = f"http://127.0.0.1:{port}"
         if args.profile:
             raw = tmp / "ingest.raw"
             spy = subprocess.Popen(
@@ -261,12 +296,17 @@ def probe(args: argparse.Namespace) -> None:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1)
-            wrk(f"http://127.0.0.1:{port}", args.seconds, args.connections, env)
+            if args.profile == "batch":
+                wrk(base, args.seconds, max(1, args.connections // 4),
+                    {**env, "BATCH": "100"})  # fmt: skip
+            else:
+                wrk(base, args.seconds, args.connections, env)
             spy.wait(60)
             summarize(raw)
             print(f"raw profile: {raw}")
     finally:
-        stop(notifier)
+        for _, proc, _ in servers:
+            stop(proc)
         stop(bare)
     print(f"events stored: {pg('SELECT count(*) FROM events', NAME)[0][0]}")
 
@@ -277,7 +317,14 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--keyed", action="store_true", help="also a run with idempotency keys")
-    parser.add_argument("--profile", action="store_true", help="py-spy the notifier process")
+    parser.add_argument(
+        "--profile", choices=["single", "batch"], help="py-spy the notifier process under it"
+    )
+    parser.add_argument("--only", choices=["single", "batch"], help="measure only this route")
+    parser.add_argument(
+        "--before", metavar="DIR",
+        help="also measure the notifier of this source tree (a checkout of another commit)",
+    )  # fmt: skip
     args = parser.parse_args()
     pg(f'DROP DATABASE IF EXISTS "{NAME}"')
     pg(f'CREATE DATABASE "{NAME}"')
