@@ -21,7 +21,7 @@ from notifier.ingest.models import EventIn
 from notifier.ingest.tenants import hash_api_key
 from notifier.store import IdempotencyConflict, Store, UnknownChannels, open_store
 from notifier.store.rows import IngestResult
-from tests.integration.conftest import count_rows, create_tenant
+from tests.integration.conftest import count_rows, create_tenant, run_notifier
 
 pytestmark = pytest.mark.integration
 
@@ -142,3 +142,34 @@ async def test_an_event_postgres_cannot_store_fails_alone(config: Config) -> Non
     assert isinstance(outcomes[2], IngestResult)
     assert outcomes[2].created
     assert (await count_rows(db))["events"] == 3  # the lead and the two good ones
+
+
+async def test_concurrent_posts_each_get_their_own_answer_over_http(config: Config) -> None:
+    """Through the running service: many single-event POSTs at once (stored in a few batches),
+    among them pairs reusing one idempotency key with different bodies — one of each pair is
+    accepted and the other alone answers 409; every other request is accepted."""
+    db = config.database.url
+    key = await create_tenant(db)
+    pairs, plain = 10, 20
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        resp = await api.post("/v1/channels", json={
+            "type": "webhook", "config": {"url": "http://127.0.0.1:9/hook"}})  # fmt: skip
+        assert resp.status_code == 201, resp.text
+        bodies = [
+            {"type": "gc.http", "payload": {"side": side}, "idempotency_key": f"pair-{n}"}
+            for n in range(pairs) for side in ("a", "b")
+        ] + [{"type": "gc.http", "payload": {"n": n}} for n in range(plain)]  # fmt: skip
+        statuses: dict[int, int] = {}
+
+        async def post(i: int) -> None:
+            statuses[i] = (await api.post("/v1/events", json=bodies[i])).status_code
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(len(bodies)):
+                    nursery.start_soon(post, i)
+    for n in range(pairs):
+        assert sorted([statuses[2 * n], statuses[2 * n + 1]]) == [202, 409], n
+    assert [statuses[i] for i in range(2 * pairs, len(bodies))] == [202] * plain
+    rows = await count_rows(db)
+    assert rows["events"] == rows["deliveries"] == pairs + plain
