@@ -6,16 +6,20 @@ answers on the real SQL."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from quart import typing as quart_typing
 
 from notifier.config import parse_config
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
+from notifier.store.rows import IngestResult, NewEvent
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
 
@@ -318,3 +322,110 @@ async def test_a_bulk_replay_walks_the_dead_deliveries_with_its_cursor(api: Api)
     assert other_type.body["queued"] == 0
     bad = await api.call("POST", "/v1/deliveries/retry", json={"status": "PENDING"})
     assert (bad.status, error_code(bad)) == (422, "validation_error")
+
+
+# -- group commit of single events --------------------------------------------------------------
+
+
+class HeldStore(MemoryApiStore):
+    """Holds the first ``ingest_each`` once ``hold`` is armed, so that the requests arriving
+    meanwhile are stored together in the next one; records the size of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold: trio.Event | None = None
+        self.batches: list[int] = []
+
+    async def ingest_each(
+        self, events: Sequence[tuple[uuid.UUID, NewEvent]], max_attempts: Mapping[str, int]
+    ) -> list[IngestResult | IdempotencyConflict | UnknownChannels]:
+        self.batches.append(len(events))
+        if self.hold is not None and len(self.batches) == 1:
+            await self.hold.wait()
+        return await super().ingest_each(events, max_attempts)
+
+
+@pytest.fixture
+async def held() -> Api:
+    store = HeldStore()
+    for name in ("a", "b"):
+        await store.create_tenant(name, hash_api_key(f"key-{name}"))
+    config = parse_config({"workers": {"webhook": {}}}, env={})
+    app = create_app(store, config, {"webhook": RecordingAdapter("webhook")})
+    return Api(store, app.test_client())
+
+
+async def concurrent_posts(api: Api, requests: list[dict[str, Any]]) -> list[Answer]:
+    """The first request leads a held batch; the others, sent one after the other while it is
+    held, are stored together in the next. Their answers, in order."""
+    store = api.store
+    assert isinstance(store, HeldStore)
+    store.batches.clear()
+    store.hold = trio.Event()
+    answers: dict[int, Answer] = {}
+
+    async def post(i: int, request: dict[str, Any]) -> None:
+        answers[i] = await api.call("POST", "/v1/events", **request)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for i, request in enumerate(requests):
+                nursery.start_soon(post, i, request)
+                await trio.testing.wait_all_tasks_blocked()
+            store.hold.set()
+    assert store.batches == [1, len(requests) - 1]
+    return [answers[i] for i in range(len(requests))]
+
+
+async def test_requests_stored_together_each_get_their_own_answer(held: Api) -> None:
+    await held.channel()
+    first = await held.call("POST", "/v1/events", json=EVENT | {"idempotency_key": "k1"})
+    assert first.status == 202
+    before = held.rows()
+    unknown = str(uuid.uuid4())
+    answers = await concurrent_posts(held, [
+        {"json": EVENT | {"payload": {"lead": 1}}},
+        {"json": EVENT | {"payload": {"new": 1}}},
+        {"json": EVENT, "headers": {"Idempotency-Key": "k1"}},  # a replay
+        {"json": EVENT | {"payload": {"n": 2}, "idempotency_key": "k1"}},  # conflicts
+        {"json": EVENT | {"channel_ids": [unknown]}},
+        {"json": EVENT | {"idempotency_key": "k2"}, "key": "b"},  # another tenant
+        {"json": EVENT | {"idempotency_key": "k1"}, "key": "b"},  # its own k1: new
+    ])  # fmt: skip
+    assert [a.status for a in answers] == [202, 202, 200, 409, 422, 202, 202]
+    assert answers[2].body == first.body
+    assert error_code(answers[3]) == "idempotency_conflict"
+    assert "k1" in answers[3].body["error"]["message"]
+    assert answers[4].body["error"]["message"] == f"channel_ids: unknown channel ids: {unknown}"
+    assert held.rows()[1] == before[1] + 4  # the lead, the new one and tenant b's two
+    ids = {a.body["id"] for a in answers if a.status == 202}
+    assert len(ids) == 4
+
+
+async def test_a_conflicting_request_stored_together_with_others_fails_alone(held: Api) -> None:
+    await held.channel()
+    before = held.rows()
+    answers = await concurrent_posts(held, [
+        {"json": EVENT | {"payload": {"lead": 1}}},
+        {"json": EVENT | {"payload": {"i": 1}}},
+        {"json": EVENT | {"idempotency_key": "same"}},
+        {"json": EVENT | {"payload": {"other": 1}, "idempotency_key": "same"}},  # conflicts
+        {"json": EVENT | {"idempotency_key": "same"}},  # a replay of the first "same"
+        {"json": EVENT | {"payload": {"i": 2}}},
+    ])  # fmt: skip
+    assert [a.status for a in answers] == [202, 202, 202, 409, 200, 202]
+    assert answers[4].body == answers[2].body
+    assert held.rows()[1] == before[1] + 4
+
+
+async def test_postgres_unavailable_fails_every_request_stored_together_with_503(
+    held: Api,
+) -> None:
+    await held.channel()
+    store = held.store
+    assert isinstance(store, HeldStore)
+    store.unavailable = True
+    answers = await concurrent_posts(held, [{"json": EVENT | {"payload": {"i": i}}}
+                                            for i in range(4)])  # fmt: skip
+    assert {(a.status, error_code(a)) for a in answers} == {(503, "unavailable")}
+    assert {a.headers["Retry-After"] for a in answers} == {"5"}

@@ -18,12 +18,18 @@ from notifier.ingest.api import channels, deliveries, events, health, operations
 from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
 from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
-from notifier.ingest.events import max_attempts_by_type
+from notifier.ingest.events import max_attempts_by_type, store_each
+from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.openapi import build_openapi
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 
 ROUTE_GROUPS = (health, channels, events, deliveries, operations)
+
+# A batch of single events takes a few milliseconds; a request queued behind one that has run
+# this long (Postgres stalls) stores its event in a batch of its own beside it, so that it waits
+# for at most one slow batch (each bounded by the store's timeouts) before its own.
+GROUP_COMMIT_PATIENCE_SECONDS = 0.1
 
 
 def create_app(
@@ -42,9 +48,14 @@ def create_app(
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
+    max_attempts = max_attempts_by_type(config)
     install(app, ApiContext(
-        store=store, config=config, validators=validators,
-        max_attempts=max_attempts_by_type(config), tenants=tenants_by_key_hash(store),
+        store=store, config=config, validators=validators, max_attempts=max_attempts,
+        tenants=tenants_by_key_hash(store),
+        commit=GroupCommit(
+            store_each(store, max_attempts), max_batch=config.ingest.max_batch_events,
+            patience_seconds=GROUP_COMMIT_PATIENCE_SECONDS,
+        ),
         rate_limiter=rate_limiter(config), metrics=meters,
         ingested=meters.events_ingested.labels(source="http"),
         scrape=ScrapeReader(

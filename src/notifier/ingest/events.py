@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 
 from notifier.config import Config
+from notifier.errors import StoreError, StoreUnavailable
 from notifier.ingest.models import EventIn
-from notifier.store.rows import NewEvent
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
+from notifier.store.rows import IngestResult, NewEvent
 
 
 def max_attempts_by_type(config: Config) -> dict[str, int]:
@@ -17,20 +22,81 @@ def max_attempts_by_type(config: Config) -> dict[str, int]:
     return {t: w.max_attempts for t, w in config.workers.enabled().items()}
 
 
-def request_hash(e: EventIn) -> str:
-    """What idempotency compares: the event without its key, in a canonical encoding."""
-    canonical = msgspec.json.encode(
-        {"type": e.type, "payload": e.payload, "recipient": e.recipient,
-         "channel_ids": e.channel_ids},
-        order="sorted",
-    )  # fmt: skip
+def request_hash(e: EventIn, payload: bytes | None = None) -> str:
+    """What idempotency compares: the event without its key, in a canonical encoding — the
+    JSON object of its fields with every object's keys sorted. ``payload``, when given, is
+    ``e.payload`` already encoded that way (``new_event`` stores the same bytes)."""
+    encode = msgspec.json.encode
+    if payload is None:
+        payload = encode(e.payload, order="sorted")
+    # Exactly the bytes of encode({...}, order="sorted") of the four fields (keys in that
+    # order), assembled around the payload so that it is encoded once.
+    canonical = b"".join((
+        b'{"channel_ids":', encode(e.channel_ids), b',"payload":', payload,
+        b',"recipient":', encode(e.recipient), b',"type":', encode(e.type), b"}",
+    ))  # fmt: skip
     return hashlib.sha256(canonical).hexdigest()
 
 
-def new_event(e: EventIn, key: str | None) -> NewEvent:
-    """The event to store, with a fresh id, its payload as JSON and ``key`` as idempotency key."""
+def new_ids(count: int) -> list[uuid.UUID]:
+    """``count`` random (version 4) UUIDs, as ``uuid.uuid4`` makes them, from one read of the
+    system's random source for all of them (``uuid4`` reads it once per id)."""
+    data = os.urandom(16 * count)
+    return [uuid.UUID(bytes=data[i : i + 16], version=4) for i in range(0, 16 * count, 16)]
+
+
+def new_event(e: EventIn, key: str | None, event_id: uuid.UUID | None = None) -> NewEvent:
+    """The event to store, with ``event_id`` (by default a fresh one), its payload as JSON and
+    ``key`` as idempotency key. The payload's keys are sorted, as in the request hash: ``jsonb``
+    keeps no key order."""
+    payload = msgspec.json.encode(e.payload, order="sorted")
     return NewEvent(
-        id=uuid.uuid4(), type=e.type, recipient=e.recipient,
-        payload=msgspec.Raw(msgspec.json.encode(e.payload)), idempotency_key=key,
-        request_hash=request_hash(e), channel_ids=e.channel_ids,
+        id=event_id or uuid.uuid4(), type=e.type, recipient=e.recipient,
+        payload=msgspec.Raw(payload), idempotency_key=key,
+        request_hash=request_hash(e, payload), channel_ids=e.channel_ids,
     )  # fmt: skip
+
+
+Outcome = IngestResult | IdempotencyConflict | UnknownChannels
+Pair = tuple[uuid.UUID, NewEvent]  # a tenant id and one of its events
+
+
+class EachStore(Protocol):
+    async def ingest_each(
+        self, events: Sequence[Pair], max_attempts: Mapping[str, int]
+    ) -> list[Outcome]: ...
+
+
+def store_each(
+    store: EachStore, max_attempts: Mapping[str, int]
+) -> Callable[[Sequence[Pair]], Awaitable[list[Outcome | StoreError]]]:
+    """The batch function of the group commit of single events (``groupcommit.GroupCommit``):
+    the events of concurrent requests, of any tenants, stored together, each on its own — one
+    outcome per event (its result, its idempotency conflict, its unknown channels), so that one
+    request's refusal is not another's.
+
+    Postgres unavailable fails the whole batch (every request answers 503, as alone). Any other
+    store error fails the batch's statement for all, though one event may be the cause (a text
+    Postgres cannot hold): the events are then stored one by one, so that only the offender gets
+    the error, as its outcome."""
+
+    async def run(events: Sequence[Pair]) -> list[Outcome | StoreError]:
+        try:
+            return list(await store.ingest_each(events, max_attempts))
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            if len(events) == 1:
+                raise
+        outcomes: list[Outcome | StoreError] = []
+        for pair in events:
+            try:
+                outcomes.extend(await store.ingest_each([pair], max_attempts))
+            except StoreUnavailable as exc:
+                outcomes.extend([exc] * (len(events) - len(outcomes)))  # and the rest too
+                break
+            except StoreError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    return run

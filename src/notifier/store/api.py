@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import (
     Channel,
     ChannelChanges,
@@ -74,6 +75,12 @@ class ApiStore(Protocol):
         events: Sequence[NewEvent],
         max_attempts: Mapping[str, int],
     ) -> list[IngestResult]: ...
+
+    async def ingest_each(
+        self,
+        events: Sequence[tuple[uuid.UUID, NewEvent]],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult | IdempotencyConflict | UnknownChannels]: ...
 
     async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None: ...
 

@@ -47,13 +47,21 @@ ob AS (
            notifier_worker_message(dl.delivery, ev.event, t.config, 1)
     FROM targets t JOIN dl ON dl.id = t.delivery_id JOIN ev ON ev.id = t.event_id
 )
+-- Each event's deliveries (all PENDING) as three arrays in channel order, aggregated in one pass
+-- over the targets (not one scan of them per event) and decoded by the driver as plain uuids and
+-- text, with no JSON in between.
 SELECT ev.id, ev.type, ev.recipient, ev.payload, ev.created_at,
-       coalesce((SELECT jsonb_agg(jsonb_build_object(
-                     'id', t.delivery_id, 'channel_id', t.channel_id,
-                     'channel_type', t.channel_type, 'status', 'PENDING')
-                     ORDER BY t.channel_id)
-                 FROM targets t WHERE t.event_id = ev.id), '[]'::jsonb) AS deliveries
-FROM ev;
+       coalesce(g.delivery_ids, '{}') AS delivery_ids,
+       coalesce(g.channel_ids, '{}') AS channel_ids,
+       coalesce(g.channel_types, '{}') AS channel_types
+FROM ev
+LEFT JOIN (
+    SELECT t.event_id,
+           array_agg(t.delivery_id ORDER BY t.channel_id) AS delivery_ids,
+           array_agg(t.channel_id ORDER BY t.channel_id) AS channel_ids,
+           array_agg(t.channel_type ORDER BY t.channel_id) AS channel_types
+    FROM targets t GROUP BY t.event_id
+) g ON g.event_id = ev.id;
 
 -- name: events_by_keys
 SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.request_hash, e.created_at,

@@ -247,6 +247,22 @@ class MemoryApiStore(ApiStore):
                                             created=False))  # fmt: skip
         return results
 
+    async def ingest_each(
+        self,
+        events: Sequence[tuple[uuid.UUID, NewEvent]],
+        max_attempts: Mapping[str, int],
+    ) -> list[IngestResult | IdempotencyConflict | UnknownChannels]:
+        """Each ``(tenant id, event)`` on its own: its result, or the error that kept it out."""
+        outcomes: list[IngestResult | IdempotencyConflict | UnknownChannels] = []
+        for tenant_id, e in events:
+            try:
+                (result,) = await self.ingest(tenant_id, [e], max_attempts)
+            except (IdempotencyConflict, UnknownChannels) as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(result)
+        return outcomes
+
     def _store_event(
         self, tenant_id: uuid.UUID, e: NewEvent, max_attempts: Mapping[str, int]
     ) -> Event:

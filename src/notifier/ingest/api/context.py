@@ -1,7 +1,7 @@
 """What the route groups share, held by the app rather than by a closure: the store, the config,
-the channel-config validators, the tenant cache, the rate limiter, metrics and the prebuilt OpenAPI
-document. ``create_app`` builds one ``ApiContext`` per app; a handler reads it with
-``api_context()``."""
+the channel-config validators, the tenant cache, the group commit of single events, the rate
+limiter, metrics and the prebuilt OpenAPI document. ``create_app`` builds one ``ApiContext`` per
+app; a handler reads it with ``api_context()``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from quart import Quart, current_app
 
 from notifier.adapters.base import ChannelValidator
 from notifier.config import Config
+from notifier.errors import StoreError
+from notifier.ingest.events import Outcome, Pair
+from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.tenants import TenantCache
 from notifier.metrics import Metrics, ScrapeReader
 from notifier.ratelimit import KeyedLimiter, RefillingBucket
@@ -30,6 +33,8 @@ class ApiContext:
     validators: Mapping[str, ChannelValidator]  # by channel type: the enabled types
     max_attempts: Mapping[str, int]  # per event type, for ingest
     tenants: TenantCache  # API key hash → tenant id
+    # Single events of concurrent requests, stored together (``ingest.events.store_each``).
+    commit: GroupCommit[Pair, Outcome | StoreError]
     rate_limiter: KeyedLimiter[uuid.UUID] | None  # per tenant; None: no limit
     metrics: Metrics
     ingested: Counter  # events stored from the HTTP API

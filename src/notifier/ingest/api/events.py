@@ -13,7 +13,7 @@ from quart import Blueprint, Response, request
 from notifier.ingest.api.auth import current_tenant
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
-from notifier.ingest.events import new_event
+from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
 from notifier.store.pg import IdempotencyConflict, UnknownChannels
@@ -86,8 +86,22 @@ async def post_event() -> Response:
                 "idempotency_key: differs from the Idempotency-Key header",
             )  # fmt: skip
         key = header_key
-    (result,) = await ingest(tenant_id, [new_event(data, key)])
-    return json_response(event_view(result.event), 202 if result.created else 200)
+    event = new_event(data, key)
+    admit(tenant_id, 1)
+    ctx = api_context()
+    # Stored together with the events of the requests in flight beside it: one statement, one
+    # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
+    # request in the batch does not touch it.
+    outcome = await ctx.commit((tenant_id, event))
+    if isinstance(outcome, IdempotencyConflict):
+        raise ApiError(409, "idempotency_conflict", str(outcome)) from outcome
+    if isinstance(outcome, UnknownChannels):
+        raise ApiError(422, "validation_error", f"channel_ids: {outcome}") from outcome
+    if isinstance(outcome, Exception):
+        raise outcome  # answered like any store error (UnstorableText: 422)
+    if outcome.created:
+        ctx.ingested.inc()
+    return json_response(event_view(outcome.event), 202 if outcome.created else 200)
 
 
 @routes.post("/v1/events/batch")
@@ -97,7 +111,11 @@ async def post_batch() -> Response:
     max_events = api_context().config.ingest.max_batch_events
     if len(data.events) > max_events:
         raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
-    results = await ingest(tenant_id, [new_event(e, e.idempotency_key) for e in data.events])
+    ids = new_ids(len(data.events))
+    results = await ingest(
+        tenant_id,
+        [new_event(e, e.idempotency_key, i) for e, i in zip(data.events, ids, strict=True)],
+    )
     status = 202 if any(r.created for r in results) else 200
     return json_response(EventBatch(events=[event_view(r.event) for r in results]), status)
 
