@@ -213,10 +213,9 @@ def resolve_level(config: LoggingConfig, environ: Mapping[str, str] | None = Non
 
 
 def _install(handler: LogHandler, level: str, noisy: Iterable[str] = NOISY_LOGGERS) -> None:
-    # What neither formatter writes is not collected for every record: the caller's file and
-    # line (a walk up the stack, a sixth of a worker line's cost), the thread and the process.
-    # These are the switches the logging HOWTO's "Optimization" section names.
-    logging._srcfile = None
+    # What neither formatter writes is not collected for every record: the thread and the
+    # process (switches the logging HOWTO's "Optimization" section names). The caller's file
+    # and line stay: without them logging also drops ``stack_info``, which the formatters write.
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -259,8 +259,10 @@ SCENARIOS = [
                      "workers.webhook": {"timeout_seconds": 30}}),
     Scenario("poison messages in the main queue", publish_poison),
     Scenario("main queue deleted mid-stream", delete_main_queue, max_duplicates=FAULT_DUPLICATES),
+    # Slower than the default load: setting the alarm takes rabbitmqctl a few seconds, and the
+    # second half of the events must still be arriving once it is on.
     Scenario("rabbitmq memory alarm for 20 s", rabbitmq_memory_alarm, touches_services=True,
-             max_duplicates=FAULT_DUPLICATES,
+             max_duplicates=FAULT_DUPLICATES, rate_per_second=50.0,
              log_has=("the relay waits", "the broker accepts publishes again"),
              log_lacks=("relay failed",)),
 ]  # fmt: skip
