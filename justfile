@@ -45,14 +45,14 @@ test-unit *args: setup
 
 # lint, format check and strict type check
 check: setup
-    {{bin}}/ruff check src tests
-    {{bin}}/ruff format --check src tests
+    {{bin}}/ruff check src tests bench
+    {{bin}}/ruff format --check src tests bench
     {{bin}}/mypy
 
 # apply the formatter and the safe lint fixes
 fmt: setup
-    {{bin}}/ruff format src tests
-    {{bin}}/ruff check --fix src tests
+    {{bin}}/ruff format src tests bench
+    {{bin}}/ruff check --fix src tests bench
 
 # apply schema.sql to the database of the config
 migrate: setup services
