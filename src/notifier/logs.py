@@ -48,6 +48,13 @@ _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctim
 # -- scrubbing ----------------------------------------------------------------------------------
 
 
+# The extra fields notifier fills only from ids, numbers and its own names (the worker's line
+# per attempt has all seven): no secret can be in them, so the filter passes them as they are.
+PLAIN_FIELDS = frozenset(
+    {"delivery_id", "event_id", "channel_id", "tenant_id", "channel_type", "attempt", "outcome"}
+)
+
+
 @functools.lru_cache(maxsize=1024)
 def _secret_key_name(key: str) -> bool:
     # A log line's extra fields are the same few names again and again (the worker's line has
@@ -62,7 +69,8 @@ class SecretFilter(logging.Filter):
     The message is merged with its arguments (``args`` becomes empty); the traceback is
     formatted into ``exc_text``, which formatters use instead of ``exc_info``. An ``extra=``
     value other than a str, int, float, bool or None becomes its scrubbed ``str()``, and one
-    under a secret-looking name (``password``, ``token``, …) becomes ``[redacted]``.
+    under a secret-looking name (``password``, ``token``, …) becomes ``[redacted]``. The id
+    fields notifier fills itself (``PLAIN_FIELDS``) pass as they are.
     """
 
     def __init__(self, secrets: SecretRegistry | None = None) -> None:
@@ -88,6 +96,8 @@ class SecretFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = scrub(record.stack_info)
         for key, value in extra_fields(record).items():
+            if key in PLAIN_FIELDS and type(value) in (str, int):
+                continue
             if _secret_key_name(key) and value is not None:
                 setattr(record, key, REDACTED)
             elif isinstance(value, str):

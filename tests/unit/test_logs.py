@@ -312,6 +312,20 @@ def test_an_extra_under_a_secret_name_is_redacted_whatever_it_holds() -> None:
     assert (line["smtp_password"], line["api_key"], line["token"]) == ("[redacted]",) * 2 + (None,)
 
 
+def test_the_id_fields_pass_as_they_are_and_every_other_extra_is_scrubbed() -> None:
+    # The worker's line per attempt carries seven fields notifier fills from ids, numbers and
+    # its own names (PLAIN_FIELDS); the filter spends nothing on them. Any other field is
+    # scrubbed as before, even with the same text.
+    registry = SecretRegistry()
+    registry.register("0b1e3c3a-5d0e-4c1b-9f59-0e6f2ab1c0de")
+    logger, out = capture("json", registry)
+    same = "0b1e3c3a-5d0e-4c1b-9f59-0e6f2ab1c0de"
+    logger.info("x", extra={"delivery_id": same, "attempt": 3, "detail": same})
+
+    (line,) = json_lines(out)
+    assert (line["delivery_id"], line["attempt"], line["detail"]) == (same, 3, "[redacted]")
+
+
 def test_a_registered_secret_is_scrubbed_even_when_no_pattern_knows_it() -> None:
     registry = SecretRegistry()
     registry.register("p@ss/wörd-42")
