@@ -25,7 +25,10 @@ def _summaries(items: list[dict[str, Any]]) -> list[DeliverySummary]:
     ]
 
 
-def _event(row: Row, idempotency_key: str | None) -> Event:
+def _event(
+    row: Row, idempotency_key: str | None, deliveries: list[DeliverySummary] | None = None
+) -> Event:
+    """The event of ``row``, with ``deliveries`` (by default: the row's ``deliveries``)."""
     return Event(
         id=row["id"],
         type=row["type"],
@@ -33,26 +36,18 @@ def _event(row: Row, idempotency_key: str | None) -> Event:
         payload=row["payload"],
         idempotency_key=idempotency_key,
         created_at=row["created_at"],
-        deliveries=_summaries(row["deliveries"]),
+        deliveries=_summaries(row["deliveries"]) if deliveries is None else deliveries,
     )
 
 
 def _created(row: Row, idempotency_key: str | None) -> Event:
     """An event ``insert_events`` has just stored, its deliveries PENDING."""
-    return Event(
-        id=row["id"],
-        type=row["type"],
-        recipient=row["recipient"],
-        payload=row["payload"],
-        idempotency_key=idempotency_key,
-        created_at=row["created_at"],
-        deliveries=[
-            DeliverySummary(id=d, channel_id=c, channel_type=t, status="PENDING")
-            for d, c, t in zip(
-                row["delivery_ids"], row["channel_ids"], row["channel_types"], strict=True
-            )
-        ],
-    )
+    return _event(row, idempotency_key, [
+        DeliverySummary(id=d, channel_id=c, channel_type=t, status="PENDING")
+        for d, c, t in zip(
+            row["delivery_ids"], row["channel_ids"], row["channel_types"], strict=True
+        )
+    ])  # fmt: skip
 
 
 def _all_or_conflict(outcomes: list[IngestResult | IdempotencyConflict]) -> list[IngestResult]:
