@@ -37,6 +37,8 @@ AMQP_PORT = 5672
 # How long the drain phase may take: every accepted event delivered or dead, the outbox empty,
 # the main and retry queues empty.
 DRAIN_TIMEOUT_SECONDS = 120.0
+# A fault scenario sends its last events only once the fault has healed.
+HELD_UNTIL_HEALED = 50
 
 
 def free_port() -> int:
@@ -367,11 +369,16 @@ async def _run(
                 context = Context(
                     service, database_url, broker_url, vhost, base_url, ledger, sink, proxy
                 )
+                # A fault scenario's last events wait for the heal: a quick fault must not
+                # outlast the load, or nothing would show the pipeline working after it.
+                healed = trio.Event()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(
                         lambda: send_events(
                             api, ledger, count=scenario.events,
                             rate_per_second=scenario.rate_per_second, payload=scenario.payload,
+                            held=HELD_UNTIL_HEALED if scenario.fault is not None else 0,
+                            release=healed,
                         )
                     )  # fmt: skip
                     healed_at: float | None = None
@@ -380,6 +387,7 @@ async def _run(
                             await poll(lambda: _sent_half(ledger, scenario.events))
                         await scenario.fault(context)
                         healed_at = trio.current_time()
+                        healed.set()
             loaded_at = trio.current_time()
             with trio.fail_after(DRAIN_TIMEOUT_SECONDS):
                 await poll(lambda: drained(database_url), interval_seconds=0.25)

@@ -167,6 +167,8 @@ async def send_events(
     retry_pause_seconds: float = 1.0,
     max_in_flight: int = 8,
     payload: Callable[[int], dict[str, object]] | None = None,
+    held: int = 0,
+    release: trio.Event | None = None,
 ) -> None:
     """POST ``count`` events to ``/v1/events`` (relative to the client's ``base_url``; the client
     carries the API key), the n-th at ``start + n / rate_per_second``, with at most
@@ -178,6 +180,10 @@ async def send_events(
     Then, while some events are ``unknown``, retry all of them with their keys, a round every
     ``retry_pause_seconds``; no round starts later than ``retry_unknown_for_seconds`` after the
     first pass ended, and those still unknown then stay so in the ledger.
+
+    With ``release``, the last ``held`` events wait for it to be set, then go at the same rate
+    (a fault scenario holds its tail back until the fault has healed, so that some events are
+    always sent, and delivered, after the heal).
     """
     if rate_per_second <= 0:
         raise ValueError(f"rate_per_second must be > 0, got {rate_per_second}")
@@ -208,6 +214,9 @@ async def send_events(
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
         for n in range(count):
+            if release is not None and n == count - held:
+                await release.wait()
+                start = max(start, trio.current_time() - n / rate_per_second)
             await trio.sleep_until(start + n / rate_per_second)
             nursery.start_soon(attempt, n)
 

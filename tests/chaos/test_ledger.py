@@ -458,6 +458,25 @@ async def test_sends_at_a_steady_rate(mock_clock: trio.testing.MockClock) -> Non
     assert trio.current_time() == 1.8  # nothing unknown: no retry round
 
 
+async def test_the_held_tail_waits_for_its_release_then_keeps_the_rate(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    api = FakeApi()
+    ledger = Ledger()
+    release = trio.Event()
+
+    async def heal_later() -> None:
+        await trio.sleep(3)
+        release.set()
+
+    async with client_for(api) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(heal_later)
+        await send_events(client, ledger, count=6, rate_per_second=5, held=2, release=release)
+    assert [t for t, _ in api.attempts] == [0.0, 0.2, 0.4, 0.6, 3.0, 3.2]
+    assert [k for _, k in api.attempts] == [f"chaos-{n}" for n in range(6)]
+    assert ledger.count(State.ACCEPTED) == 6
+
+
 async def test_a_slow_answer_does_not_stall_the_pacing(mock_clock: trio.testing.MockClock) -> None:
     api = FakeApi({"chaos-1": ["slow"], "chaos-2": ["slow"]})
     ledger = Ledger()
