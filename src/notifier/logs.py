@@ -34,10 +34,7 @@ from notifier.secrets import (
     SECRET_KEY_NAME,
     SECRETS,
     SecretRegistry,
-    register_secret,
 )
-
-__all__ = ["REDACTED", "SecretRegistry", "register_secret"]  # their home is notifier.secrets
 
 LEVEL_ENV = "NOTIFIER_LOG_LEVEL"
 NOISY_LOGGERS = ("httpx", "httpcore", "aiormq", "hypercorn.access")

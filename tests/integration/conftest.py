@@ -23,7 +23,7 @@ from notifier import service
 from notifier.config import Config, parse_config
 from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
-from notifier.store.pg import SCHEMA_PATH
+from notifier.store.base import SCHEMA_PATH
 from notifier.testing import Received
 
 PG_ADMIN = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -32,7 +32,7 @@ from notifier.ingest.amqp_messages import (
 from notifier.ingest.tenants import TenantCache
 from notifier.lifecycle import Stop
 from notifier.metrics import Metrics
-from notifier.store.pg import IdempotencyConflict, UnknownChannels
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import Event, IngestResult, NewEvent
 from notifier.testing import MemoryBroker
 

@@ -27,16 +27,10 @@ from notifier.adapters.webhook import generate_secret
 from notifier.broker.base import Incoming, Settle
 from notifier.config import EmailWorkersConfig, LoggingConfig, SentryConfig
 from notifier.errors import ConfigError, PermanentError
-from notifier.logs import (
-    NOISY_LOGGERS,
-    LogHandler,
-    SecretRegistry,
-    make_handler,
-    register_secret,
-    setup_logging,
-)
+from notifier.logs import NOISY_LOGGERS, LogHandler, make_handler, setup_logging
 from notifier.messages import encode_message
 from notifier.observability import setup_sentry
+from notifier.secrets import SecretRegistry, register_secret
 from notifier.testing import (
     MemoryBroker,
     MemoryDeliveries,

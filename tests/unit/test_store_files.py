@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from notifier.store.base import Q
-from notifier.store.pg import SCHEMA_PATH, load_queries
+from notifier.store.base import SCHEMA_PATH, Q, load_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from notifier.errors import StoreError, StoreUnavailable
-from notifier.store.pg import (
+from notifier.store.base import (
     CONFLICT_BACKOFF_SECONDS,
     CONFLICT_TRIES,
     StoreConflict,

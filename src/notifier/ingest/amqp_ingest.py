@@ -45,7 +45,7 @@ from notifier.ingest.events import max_attempts_by_type
 from notifier.ingest.tenants import TenantCache
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
-from notifier.store.pg import IdempotencyConflict, UnknownChannels
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import IngestResult, NewEvent
 
 log = logging.getLogger("notifier.ingest.amqp")

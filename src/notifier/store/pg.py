@@ -3,8 +3,8 @@ asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
 ``deliveries``, ``attempts``, ``outbox``, ``maintenance``); what they share (the named SQL, the
-one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``. The names
-callers import from here stay importable from here.
+one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors
+in ``errors``.
 """
 
 from __future__ import annotations
@@ -15,48 +15,14 @@ from contextlib import asynccontextmanager
 import trio
 
 from notifier.bridge import aio, open_bridge
-from notifier.hint import Doorbell
 from notifier.store.admin import AdminQueries
 from notifier.store.attempts import AttemptQueries
-from notifier.store.base import (
-    CONFLICT_BACKOFF_SECONDS,
-    CONFLICT_TRIES,
-    SCHEMA_PATH,
-    StoreConflict,
-    load_queries,
-    retry_conflicts,
-)
 from notifier.store.channels import ChannelQueries
 from notifier.store.deliveries import DeliveryQueries
-from notifier.store.errors import (
-    ConfigChanged,
-    IdempotencyConflict,
-    NotFound,
-    NotReplayable,
-    UnknownChannels,
-)
 from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
-from notifier.store.outbox import OutboxClaim, OutboxQueries
+from notifier.store.outbox import OutboxQueries
 from notifier.store.pool import create_pool
-
-__all__ = [
-    "CONFLICT_BACKOFF_SECONDS",
-    "CONFLICT_TRIES",
-    "SCHEMA_PATH",
-    "ConfigChanged",
-    "Doorbell",
-    "IdempotencyConflict",
-    "NotFound",
-    "NotReplayable",
-    "OutboxClaim",
-    "Store",
-    "StoreConflict",
-    "UnknownChannels",
-    "load_queries",
-    "open_store",
-    "retry_conflicts",
-]
 
 
 class Store(

@@ -91,15 +91,12 @@ class WebhookAdapter:
 
     # -- delivery (workers) --
 
-    async def checked_addresses(self, host: str, port: int) -> tuple[str, ...]:
-        """Resolve ``host`` and check every address; ``RetriableError`` if it does not resolve,
-        ``PermanentError`` if any address is blocked. A literal address (in any notation) is
-        used as it is."""
-        literal = self._literal(host)
-        if literal is not None:
-            return literal
-        addresses = await self._resolve(host, port)
-        self._check(host, addresses, resolved=True)
+    async def _resolved_and_checked(self, origin: Origin) -> tuple[str, ...]:
+        """Resolve the origin's host name and check every address; ``RetriableError`` if it
+        does not resolve, ``PermanentError`` if any address is blocked. (A literal address is
+        checked once per channel config, in ``endpoint``.)"""
+        addresses = await self._resolve(origin.host, origin.port)
+        self._check(origin.host, addresses, resolved=True)
         return addresses
 
     def _literal(self, host: str) -> tuple[str, ...] | None:
@@ -177,10 +174,7 @@ class WebhookAdapter:
         cfg = message.channel_config
         end = self.endpoint(cfg)
         origin = end.origin
-        addresses = end.literal
-        if addresses is None:
-            addresses = await self._resolve(origin.host, origin.port)
-            self._check(origin.host, addresses, resolved=True)
+        addresses = end.literal or await self._resolved_and_checked(origin)
         now = self._clock()
         secrets = signing_secrets(cfg, now)
         headers, body = build_request(message, secrets, end.custom, int(now))

@@ -24,7 +24,7 @@ from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.api.pagination import cursor_arg, limit_arg, split_page
 from notifier.ingest.models import ChannelIn, ChannelPatch
 from notifier.ingest.views import ChannelHealth, ChannelPage, ChannelView
-from notifier.store.pg import ConfigChanged
+from notifier.store.errors import ConfigChanged
 from notifier.store.rows import Channel, ChannelChanges
 
 # Reads of a channel a PATCH of its config makes the new config from, at most: each further one

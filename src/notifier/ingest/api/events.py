@@ -16,7 +16,7 @@ from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
-from notifier.store.pg import IdempotencyConflict, UnknownChannels
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import Event, IngestResult, NewEvent
 
 routes = Blueprint("events", __name__)

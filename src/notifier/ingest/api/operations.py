@@ -14,7 +14,7 @@ from notifier.ingest.api.http import ApiError, decode_body, in_utc, json_respons
 from notifier.ingest.api.pagination import decode_cursor, encode_cursor
 from notifier.ingest.models import NoFields, ReplayIn
 from notifier.ingest.views import ReplayResult
-from notifier.store.pg import NotFound, NotReplayable
+from notifier.store.errors import NotFound, NotReplayable
 
 routes = Blueprint("operations", __name__)
 
