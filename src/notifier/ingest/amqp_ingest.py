@@ -41,7 +41,7 @@ from notifier.ingest.amqp_messages import (
     dead_letter_copy,
     parse_message,
 )
-from notifier.ingest.events import max_attempts_by_type
+from notifier.ingest.events import max_attempts_by_type, refusal
 from notifier.ingest.tenants import TenantCache
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
@@ -246,10 +246,8 @@ class AmqpIngest:
                     self._ingested.inc()
                 else:
                     self._stats.replays += 1
-            elif isinstance(outcome, IdempotencyConflict):
-                refused.append((m, Rejected("idempotency_conflict", str(outcome))))
-            elif isinstance(outcome, UnknownChannels):
-                refused.append((m, Rejected("validation_error", f"channel_ids: {outcome}")))
+            elif isinstance(outcome, IdempotencyConflict | UnknownChannels):
+                refused.append((m, Rejected(*refusal(outcome))))
             else:
                 refused.append((m, outcome))
         return stored, refused

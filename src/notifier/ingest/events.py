@@ -26,15 +26,13 @@ def request_hash(e: EventIn, payload: bytes | None = None) -> str:
     """What idempotency compares: the event without its key, in a canonical encoding — the
     JSON object of its fields with every object's keys sorted. ``payload``, when given, is
     ``e.payload`` already encoded that way (``new_event`` stores the same bytes)."""
-    encode = msgspec.json.encode
     if payload is None:
-        payload = encode(e.payload, order="sorted")
-    # Exactly the bytes of encode({...}, order="sorted") of the four fields (keys in that
-    # order), assembled around the payload so that it is encoded once.
-    canonical = b"".join((
-        b'{"channel_ids":', encode(e.channel_ids), b',"payload":', payload,
-        b',"recipient":', encode(e.recipient), b',"type":', encode(e.type), b"}",
-    ))  # fmt: skip
+        payload = msgspec.json.encode(e.payload, order="sorted")
+    canonical = msgspec.json.encode(
+        {"type": e.type, "payload": msgspec.Raw(payload), "recipient": e.recipient,
+         "channel_ids": e.channel_ids},
+        order="sorted",
+    )  # fmt: skip
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -58,6 +56,16 @@ def new_event(e: EventIn, key: str | None, event_id: uuid.UUID | None = None) ->
 
 
 Outcome = IngestResult | IdempotencyConflict | UnknownChannels
+
+
+def refusal(exc: IdempotencyConflict | UnknownChannels) -> tuple[str, str]:
+    """The error code and message an event the store refused is answered with, over HTTP
+    (409 and 422) and over AMQP (the dead-lettered message's reason)."""
+    if isinstance(exc, IdempotencyConflict):
+        return "idempotency_conflict", str(exc)
+    return "validation_error", f"channel_ids: {exc}"
+
+
 Pair = tuple[uuid.UUID, NewEvent]  # a tenant id and one of its events
 
 

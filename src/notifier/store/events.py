@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, cast
 
 from notifier.store.base import Conn, Q, Row, crossing, transaction
@@ -78,13 +79,12 @@ class EventQueries(Queries):
                 owned = {r["id"] for r in await conn.fetch(Q["channels_owned"], tenant_id, named)}
                 if missing := sorted(named - owned):
                     raise UnknownChannels(missing)
-            if len(events) == 1 or all(e.idempotency_key is None for e in events):
-                # One statement, no explicit transaction: a single round trip, atomic on its
-                # own. Only a key can make it skip an event, and one event skipped for a
-                # conflict writes nothing: either way there is nothing to roll back.
-                outcomes = await self._ingest_group(conn, tenant_id, events, max_attempts)
-                return _all_or_conflict(outcomes)
-            async with conn.transaction():  # a conflict anywhere rolls back the whole batch
+            # One statement without an explicit transaction is a single round trip, atomic on
+            # its own; only a key can make it skip an event, and one event skipped for a
+            # conflict writes nothing. With several keys, a conflict anywhere must roll the
+            # whole batch back.
+            alone = len(events) == 1 or all(e.idempotency_key is None for e in events)
+            async with nullcontext() if alone else conn.transaction():
                 outcomes = await self._ingest_group(conn, tenant_id, events, max_attempts)
                 return _all_or_conflict(outcomes)
 
@@ -128,13 +128,10 @@ class EventQueries(Queries):
                     outcomes[i] = UnknownChannels(sorted(missing))
                 else:
                     groups.setdefault(tenant_id, []).append(i)
-            if len(groups) == 1:
-                # One tenant: its events go in with one statement, atomic on its own, and the
-                # replays are read after it. No BEGIN and COMMIT: two round trips fewer.
+            # One tenant's events go in with one statement, atomic on its own, and the replays
+            # are read after it: no BEGIN and COMMIT, two round trips fewer.
+            async with nullcontext() if len(groups) <= 1 else conn.transaction():
                 await self._ingest_groups(conn, events, groups, max_attempts, outcomes)
-            elif groups:
-                async with conn.transaction():
-                    await self._ingest_groups(conn, events, groups, max_attempts, outcomes)
         return [outcomes[i] for i in range(len(events))]
 
     @classmethod

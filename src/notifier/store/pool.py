@@ -121,10 +121,6 @@ class Pool:
         async with self.acquire() as conn:
             return await conn.fetchval(query, *args)
 
-    async def execute(self, query: str, *args: object) -> str:
-        async with self.acquire() as conn:
-            return await conn.execute(query, *args)
-
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # JSON goes in and out as text; msgspec does the work. `msgspec.Raw` passes pre-encoded JSON.

@@ -11,6 +11,8 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTim
 
 from notifier.errors import StoreUnavailable, UnstorableText
 from notifier.ingest.api.http import ApiError, error_response
+from notifier.ingest.events import refusal
+from notifier.store.errors import IdempotencyConflict, UnknownChannels
 
 log = logging.getLogger("notifier.ingest")
 
@@ -56,6 +58,14 @@ async def on_unstorable_text(exc: UnstorableText) -> Response:
     )  # fmt: skip
 
 
+async def on_idempotency_conflict(exc: IdempotencyConflict) -> Response:
+    return error_response(409, *refusal(exc))
+
+
+async def on_unknown_channels(exc: UnknownChannels) -> Response:
+    return error_response(422, *refusal(exc))
+
+
 async def on_exception(exc: Exception) -> Response:
     log.error("request failed", exc_info=exc)
     return error_response(500, "internal_error", "internal error")
@@ -67,4 +77,6 @@ def install_error_handlers(app: Quart) -> None:
     app.register_error_handler(HTTPException, on_http_error)
     app.register_error_handler(StoreUnavailable, on_store_unavailable)
     app.register_error_handler(UnstorableText, on_unstorable_text)
+    app.register_error_handler(IdempotencyConflict, on_idempotency_conflict)
+    app.register_error_handler(UnknownChannels, on_unknown_channels)
     app.register_error_handler(Exception, on_exception)

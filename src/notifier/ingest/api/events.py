@@ -16,7 +16,6 @@ from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
-from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import Event, IngestResult, NewEvent
 
 routes = Blueprint("events", __name__)
@@ -61,12 +60,7 @@ def admit(tenant_id: uuid.UUID, count: int) -> None:
 async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[IngestResult]:
     admit(tenant_id, len(events))
     ctx = api_context()
-    try:
-        results = await ctx.store.ingest(tenant_id, events, ctx.max_attempts)
-    except IdempotencyConflict as exc:
-        raise ApiError(409, "idempotency_conflict", str(exc)) from exc
-    except UnknownChannels as exc:
-        raise ApiError(422, "validation_error", f"channel_ids: {exc}") from exc
+    results = await ctx.store.ingest(tenant_id, events, ctx.max_attempts)  # refusals: errors.py
     ctx.ingested.inc(sum(1 for r in results if r.created))
     return results
 
@@ -93,12 +87,8 @@ async def post_event() -> Response:
     # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
     # request in the batch does not touch it.
     outcome = await ctx.commit((tenant_id, event))
-    if isinstance(outcome, IdempotencyConflict):
-        raise ApiError(409, "idempotency_conflict", str(outcome)) from outcome
-    if isinstance(outcome, UnknownChannels):
-        raise ApiError(422, "validation_error", f"channel_ids: {outcome}") from outcome
     if isinstance(outcome, Exception):
-        raise outcome  # answered like any store error (UnstorableText: 422)
+        raise outcome  # answered like the same error of a request alone (api/errors.py)
     if outcome.created:
         ctx.ingested.inc()
     return json_response(event_view(outcome.event), 202 if outcome.created else 200)
