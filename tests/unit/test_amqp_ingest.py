@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from notifier.broker.amqp import id_rounds
+from notifier.broker.amqp_publisher import id_rounds
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import ingest_topology
 from notifier.config import Config, parse_config

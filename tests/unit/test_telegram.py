@@ -22,7 +22,6 @@ from notifier.adapters.telegram import (
     MAX_TEXT_UNITS,
     TelegramAdapter,
     TelegramAdapterCrash,
-    TelegramChannels,
     build_request,
     build_text,
     chat_key,
@@ -32,6 +31,7 @@ from notifier.adapters.telegram import (
     transport_error,
     utf16_units,
 )
+from notifier.adapters.telegram_channels import TelegramChannels
 from notifier.config import TelegramWorkersConfig, parse_config
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage

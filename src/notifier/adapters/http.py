@@ -35,16 +35,13 @@ _HTTP_LOGGERS = (
 )  # fmt: skip
 
 
-def new_client(
-    timeout_seconds: float, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
+def new_client(timeout_seconds: float, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
     """An httpx client as every adapter wants it: no redirects, no environment proxies."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_seconds),
         follow_redirects=False,
         trust_env=False,  # environment proxies are never used
-        limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-        transport=transport,
+        transport=transport,  # its pool sets the connection limits
     )
 
 
@@ -275,36 +272,26 @@ class BoundedBody(httpx.AsyncByteStream):
 
 
 class BoundedTransport(httpx.AsyncBaseTransport):
-    """httpx over an httpcore pool whose connections are cuttable (``network_backend`` is
-    wrapped in a ``CuttableBackend`` unless it is one; the system's by default) and whose
+    """httpx over an httpcore pool (at most 4 connections) whose connections are cuttable
+    (``network_backend``, the system's by default, wrapped in a ``CuttableBackend``) and whose
     response bodies end at ``max_body_bytes``: the rest is never read."""
 
     def __init__(
         self,
         *,
         network_backend: httpcore.AsyncNetworkBackend | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        max_connections: int = 4,
         max_body_bytes: int | None = None,
     ) -> None:
         self._max_body_bytes = max_body_bytes
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=4,
+            max_keepalive_connections=4,
             keepalive_expiry=5.0,
-            network_backend=(
-                network_backend
-                if isinstance(network_backend, CuttableBackend)
-                else CuttableBackend(network_backend)
-            ),
+            network_backend=CuttableBackend(network_backend),
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.send(request, dict(request.extensions))
-
-    async def send(self, request: httpx.Request, extensions: dict[str, Any]) -> httpx.Response:
-        """``request`` through the pool, with ``extensions`` in place of its own."""
         assert isinstance(request.stream, httpx.AsyncByteStream)
         core = httpcore.Request(
             method=request.method,
@@ -316,7 +303,7 @@ class BoundedTransport(httpx.AsyncBaseTransport):
             ),
             headers=request.headers.raw,
             content=request.stream,
-            extensions=extensions,
+            extensions=request.extensions,
         )
         with as_httpx_errors():
             resp = await self._pool.handle_async_request(core)

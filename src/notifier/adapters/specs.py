@@ -33,9 +33,6 @@ class ChannelSpec:
     config: type[msgspec.Struct]  # a channel's `config`
     validator: Callable[[Any], ChannelValidator]  # from the settings
     deliverer: Callable[[Any, Mapping[str, str]], Adapter]  # from the settings and environment
-    # The config fields never returned after creation and kept across a PATCH that does not
-    # name them (the validator's own `secret_fields`).
-    secret_fields: frozenset[str]
     example: dict[str, Any]  # a channel `config`, for the OpenAPI document
 
 
@@ -60,18 +57,17 @@ SPECS: dict[str, ChannelSpec] = {
     "webhook": ChannelSpec(
         settings=WebhookWorkersConfig, config=channels.WebhookConfig,
         validator=_webhook_validator, deliverer=_webhook_deliverer,
-        secret_fields=channels.WebhookChannels.secret_fields, example=channels.EXAMPLE,
+        example=channels.EXAMPLE,
     ),
     "email": ChannelSpec(
         settings=EmailWorkersConfig, config=email.EmailConfig, validator=email.EmailChannels,
         deliverer=email.EmailAdapter.from_config,
-        secret_fields=email.EmailChannels.secret_fields, example=email.EXAMPLE,
+        example=email.EXAMPLE,
     ),
     "telegram": ChannelSpec(
         settings=TelegramWorkersConfig, config=telegram_channels.TelegramConfig,
         validator=telegram_channels.TelegramChannels,
         deliverer=telegram.TelegramAdapter.from_config,
-        secret_fields=telegram_channels.TelegramChannels.secret_fields,
         example=telegram_channels.EXAMPLE,
     ),
 }  # fmt: skip

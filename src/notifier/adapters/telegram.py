@@ -40,25 +40,13 @@ from notifier.adapters.http import (
     new_client,
     protect_in_http_logs,
 )
-from notifier.adapters.telegram_channels import (
-    CHAT_ID_FIELD,
-    EXAMPLE,
-    TEXT_TEMPLATE_FIELD,
-    TelegramChannels,
-    TelegramConfig,
-    prepare_chat_id,
-)
+from notifier.adapters.telegram_channels import TEXT_TEMPLATE_FIELD, prepare_chat_id
 from notifier.adapters.templates import render
 from notifier.config import TelegramWorkersConfig
 from notifier.errors import AdapterCrash, ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 from notifier.ratelimit import RateLimits
 from notifier.secrets import replace_forms, scrub_known, secret_forms
-
-__all__ = [  # the channel-config names, importable from here as before
-    "CHAT_ID_FIELD", "EXAMPLE", "TEXT_TEMPLATE_FIELD", "TelegramAdapter", "TelegramChannels",
-    "TelegramConfig", "prepare_chat_id",
-]  # fmt: skip
 
 MAX_TEXT_UNITS = 4096  # Telegram's limit for a message text, in UTF-16 code units
 TRUNCATION_MARK = "…"

@@ -19,12 +19,12 @@ import trio
 from notifier.bridge import aio, open_bridge
 from notifier.broker.amqp_base import broker_errors, close_quietly, wait_closing
 from notifier.broker.amqp_consumer import Consumer
-from notifier.broker.amqp_publisher import AmqpPublisher, id_rounds
+from notifier.broker.amqp_publisher import AmqpPublisher
 from notifier.broker.topology import Topology
 from notifier.errors import BrokerError
 
 __all__ = [  # the publisher, the consumer and the error table live beside this module
-    "AmqpConnection", "AmqpPublisher", "Consumer", "broker_errors", "id_rounds",
+    "AmqpConnection", "AmqpPublisher", "Consumer", "broker_errors",
     "open_connection", "probe", "queue_depths",
 ]  # fmt: skip
 

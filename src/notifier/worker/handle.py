@@ -93,7 +93,9 @@ class Handler:
         self._timeout = timeout_seconds
         self._policy = policy
         # an observer that raises is skipped: it never changes what happens to a message
-        self._observer = Observers(observer) if observer is not None else Observers()
+        if not isinstance(observer, Observers):
+            observer = Observers() if observer is None else Observers(observer)
+        self._observer = observer
         self._type = adapter.channel_type
 
     async def handle(self, incoming: Incoming) -> None:

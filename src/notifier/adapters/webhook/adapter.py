@@ -112,10 +112,8 @@ class WebhookAdapter:
         return addresses
 
     def _check(self, host: str, addresses: tuple[str, ...], *, resolved: bool) -> None:
-        for ip in addresses:
-            reason = self._rules.check(ip)
-            if reason is not None:
-                raise PermanentError(blocked_message(host, ip, reason, resolved=resolved))
+        if (blocked := self._rules.first_blocked(addresses)) is not None:
+            raise PermanentError(blocked_message(host, *blocked, resolved=resolved))
 
     async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
         try:

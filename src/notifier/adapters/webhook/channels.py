@@ -128,7 +128,5 @@ class WebhookChannels:
             addresses = await self._rules.resolve(host, default_port(url))
         except (OSError, trio.TooSlowError):
             return
-        for ip in addresses:
-            reason = self._rules.check(ip)
-            if reason is not None:
-                raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason))
+        if (blocked := self._rules.first_blocked(addresses)) is not None:
+            raise InvalidChannelConfig("config.url", blocked_message(host, *blocked))

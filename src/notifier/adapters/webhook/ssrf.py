@@ -270,6 +270,13 @@ class NetworkRules:
         """Why ``ip`` is blocked under these rules, or None."""
         return check_address(ip, self.allow_private_networks, self.allowed)
 
+    def first_blocked(self, addresses: Iterable[str]) -> tuple[str, str] | None:
+        """The first of ``addresses`` these rules refuse, with why; None when none is."""
+        for ip in addresses:
+            if (reason := self.check(ip)) is not None:
+                return ip, reason
+        return None
+
     async def resolve(self, host: str, port: int) -> tuple[str, ...]:
         """Trio-flavoured. ``host``'s addresses: ``trio.TooSlowError`` after the timeout,
         ``OSError`` if it does not resolve."""
