@@ -145,9 +145,10 @@ async def test_an_event_postgres_cannot_store_fails_alone(config: Config) -> Non
 
 
 async def test_concurrent_posts_each_get_their_own_answer_over_http(config: Config) -> None:
-    """Through the running service: many single-event POSTs at once (stored in a few batches),
-    among them pairs reusing one idempotency key with different bodies — one of each pair is
-    accepted and the other alone answers 409; every other request is accepted."""
+    """Through the running service: many single-event POSTs at once, among them pairs reusing
+    one idempotency key with different bodies — one of each pair is accepted and the other alone
+    answers 409; every other request is accepted. (Which requests share a batch is not observed
+    here; the tests above and tests/unit/test_api_unit.py hold requests in one batch.)"""
     db = config.database.url
     key = await create_tenant(db)
     pairs, plain = 10, 20

@@ -79,3 +79,10 @@ async def test_cancelled_timers_do_not_stay_in_the_loop_until_they_are_due() -> 
         assert len(loop._timers) <= TIMER_PURGE_MIN
         assert kept in loop._timers
         kept.cancel()
+        # and the heap still works: a live timer set now fires when it is due
+        fired = trio.Event()
+        due = trio.current_time() + 0.05
+        loop.call_later(0.05, fired.set)
+        with trio.fail_after(10):
+            await fired.wait()
+        assert trio.current_time() >= due

@@ -202,3 +202,13 @@ async def test_without_patience_callers_wait_for_the_batch_running(
         assert got == {}
         run.release.set()
     assert run.batches == [[0], [1]]
+
+
+async def test_a_batch_that_answers_the_wrong_number_of_results_fails_its_callers() -> None:
+    async def short(items: Sequence[int]) -> list[int]:
+        await trio.lowlevel.checkpoint()
+        return list(items)[1:]
+
+    commit: GroupCommit[int, int] = GroupCommit(short)
+    with pytest.raises(RuntimeError, match="wrong number of results"):
+        await commit(1)

@@ -27,7 +27,7 @@ from notifier.adapters.webhook import generate_secret
 from notifier.broker.base import Incoming, Settle
 from notifier.config import EmailWorkersConfig, LoggingConfig, SentryConfig
 from notifier.errors import ConfigError, PermanentError
-from notifier.logs import NOISY_LOGGERS, LogHandler, make_handler, setup_logging
+from notifier.logs import NOISY_LOGGERS, PLAIN_FIELDS, LogHandler, make_handler, setup_logging
 from notifier.messages import encode_message
 from notifier.observability import setup_sentry
 from notifier.secrets import SecretRegistry, register_secret
@@ -306,18 +306,23 @@ def test_an_extra_under_a_secret_name_is_redacted_whatever_it_holds() -> None:
     assert (line["smtp_password"], line["api_key"], line["token"]) == ("[redacted]",) * 2 + (None,)
 
 
-def test_the_id_fields_pass_as_they_are_and_every_other_extra_is_scrubbed() -> None:
+@pytest.mark.parametrize("field", sorted(PLAIN_FIELDS))
+def test_the_id_fields_pass_as_they_are_and_every_other_extra_is_scrubbed(field: str) -> None:
     # The worker's line per attempt carries seven fields notifier fills from ids, numbers and
-    # its own names (PLAIN_FIELDS); the filter spends nothing on them. Any other field is
-    # scrubbed as before, even with the same text.
+    # its own names (PLAIN_FIELDS); the filter spends nothing on a str or an int there. Any
+    # other field, or any other value under those names, is scrubbed as before.
     registry = SecretRegistry()
-    registry.register("0b1e3c3a-5d0e-4c1b-9f59-0e6f2ab1c0de")
-    logger, out = capture("json", registry)
     same = "0b1e3c3a-5d0e-4c1b-9f59-0e6f2ab1c0de"
-    logger.info("x", extra={"delivery_id": same, "attempt": 3, "detail": same})
+    registry.register(same)
+    logger, out = capture("json", registry)
+    logger.info("x", extra={field: same, "detail": same})
+    logger.info("x", extra={field: 3})
+    logger.info("x", extra={field: [same]})
 
-    (line,) = json_lines(out)
-    assert (line["delivery_id"], line["attempt"], line["detail"]) == (same, 3, "[redacted]")
+    plain, number, other = json_lines(out)
+    assert (plain[field], plain["detail"]) == (same, "[redacted]")
+    assert number[field] == 3
+    assert other[field] == "['[redacted]']"
 
 
 def test_a_registered_secret_is_scrubbed_even_when_no_pattern_knows_it() -> None:

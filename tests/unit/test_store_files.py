@@ -45,3 +45,48 @@ def test_queries_use_the_schema_functions_for_the_shared_rules(name: str) -> Non
         assert "jsonb_build_object('delivery_id'" not in code.replace("\n", "").replace(" ", "")
     assert "'.*'" not in code, "the pattern rule is notifier_type_matches"
     assert "'deleted'" not in code, "the channel state is notifier_channel_state"
+
+
+# What a statement can leave on a pooled connection for its next user: a session setting, a
+# session-level advisory lock, a LISTEN. The pool sends no reset query (store/pool.py), so none
+# of these may appear in the store's SQL; LISTEN runs on a connection of its own (outbox.py).
+_SESSION_SET = re.compile(r"SET\s+(?!LOCAL\b)", re.IGNORECASE)  # at a statement's start
+_SESSION_LOCK_OR_LISTEN = re.compile(
+    r"\bpg_advisory_(?:un)?lock(?:_shared)?\s*\(|\bLISTEN\b", re.IGNORECASE
+)
+
+
+def _statements(path: Path) -> list[str]:
+    """The statements of a SQL file, or of the string literals of a module, comments left out."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        text = ";".join(re.findall(r'"([^"\n]*)"', text))
+    text = re.sub(r"--[^\n]*", "", text)
+    return [part.strip() for part in text.split(";") if part.strip()]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(SCHEMA_PATH.parent.glob("*")) if p.suffix in (".sql", ".py")],
+    ids=lambda p: p.name,
+)
+def test_the_store_leaves_no_session_state_on_a_pooled_connection(path: Path) -> None:
+    found = [
+        statement for statement in _statements(path)
+        if _SESSION_SET.match(statement)
+        or (_SESSION_LOCK_OR_LISTEN.search(statement) and path.name != "outbox.py")
+    ]  # fmt: skip
+    assert found == []
+
+
+def test_the_session_state_rule_sees_a_session_set_and_lock(tmp_path: Path) -> None:
+    leaky = tmp_path / "queries_leaky.sql"
+    leaky.write_text(
+        "-- name: a\nUPDATE t\nSET a = 1;\n-- name: b\nSET LOCAL x = 1;\n"
+        "-- name: c\nSET statement_timeout = 0;\n-- name: d\nSELECT pg_advisory_lock(1);\n"
+    )
+    statements = _statements(leaky)
+    assert [s for s in statements if _SESSION_SET.match(s)] == ["SET statement_timeout = 0"]
+    assert [s for s in statements if _SESSION_LOCK_OR_LISTEN.search(s)] == [
+        "SELECT pg_advisory_lock(1)"
+    ]

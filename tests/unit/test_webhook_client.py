@@ -337,6 +337,19 @@ async def test_a_stalled_write_or_read_times_out(
     assert dialer.streams[0].closed
 
 
+async def test_a_tls_handshake_that_stalls_times_out_and_closes_the_connection(
+    autojump_clock: Any,
+) -> None:
+    dialer = ScriptedDialer(lambda: ScriptedStream([], hang="receive"))  # no ServerHello
+    c = client(dialer, timeout_seconds=3.0)
+    start = trio.current_time()
+    with pytest.raises(httpx.ConnectTimeout):
+        await post(c, origin=Origin("https", "hook.example", 443))
+    assert trio.current_time() - start == pytest.approx(3.0)
+    assert dialer.streams[0].closed
+    assert c.idle_connections == 0
+
+
 async def test_each_read_has_the_timeout_not_the_whole_answer(autojump_clock: Any) -> None:
     class Slow(ScriptedStream):
         async def receive_some(self, max_bytes: int | None = None) -> bytes:

@@ -43,8 +43,8 @@ class GroupCommit(Generic[In, Out]):
     ``run_batch`` gets up to ``max_batch`` items, in the order their callers came, and returns
     one result per item, in order; if it raises, every caller of that batch gets the exception
     (a ``run_batch`` that must keep one item's failure from the others returns it as that item's
-    result instead). At most ``max_running`` batches run at once — more only when callers have
-    waited ``patience_seconds`` for them (see ``_wait_for_turn``).
+    result instead). One batch runs at a time — more only when callers have waited
+    ``patience_seconds`` for it (see ``_wait_for_turn``).
 
     A batch that has started is finished even if the caller leading it is cancelled (the
     others are waiting for it): ``run_batch`` must bound its own time. A waiting caller that is
@@ -57,14 +57,12 @@ class GroupCommit(Generic[In, Out]):
         run_batch: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
         *,
         max_batch: int = 100,
-        max_running: int = 1,
         patience_seconds: float | None = None,
     ) -> None:
-        if max_batch < 1 or max_running < 1:
-            raise ValueError("max_batch and max_running must be at least 1")
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
         self._run_batch = run_batch
         self._max_batch = max_batch
-        self._max_running = max_running
         self._patience = patience_seconds
         self._pending: list[_Slot[In, Out]] = []
         # Batches running, plus callers told to lead the next one that have not started it yet.
@@ -72,7 +70,7 @@ class GroupCommit(Generic[In, Out]):
 
     async def __call__(self, item: In) -> Out:
         slot: _Slot[In, Out] = _Slot(item)
-        if self._leaders < self._max_running:
+        if self._leaders == 0:
             self._leaders += 1  # a batch may start: lead it at once
         else:
             self._pending.append(slot)
