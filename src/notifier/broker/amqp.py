@@ -139,17 +139,17 @@ class AmqpConnection:
 CONNECT_TIMEOUT_SECONDS = 10.0
 
 
-async def _connect_one(url: str, name: str, heartbeat_seconds: int, timeout: float) -> Any:
-    """Trio-flavoured: an aiormq connection to one node, within ``timeout``."""
+async def _connect_one(url: str, name: str, heartbeat_seconds: int, within: float) -> Any:
+    """Trio-flavoured: an aiormq connection to one node, within ``within`` seconds."""
     try:
-        with trio.fail_after(timeout), broker_errors("cannot connect to RabbitMQ"):
+        with trio.fail_after(within), broker_errors("cannot connect to RabbitMQ"):
             return await aio(
                 aiormq.connect,
                 _with_heartbeat(url, heartbeat_seconds),
                 client_properties={"connection_name": f"notifier {name}"},
             )
     except trio.TooSlowError as exc:
-        raise BrokerError(f"cannot connect to RabbitMQ: no answer in {timeout:g} s") from exc
+        raise BrokerError(f"cannot connect to RabbitMQ: no answer in {within:g} s") from exc
 
 
 async def _connect(
