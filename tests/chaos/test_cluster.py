@@ -14,12 +14,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from notifier.bridge import open_bridge
 from notifier.broker.amqp import open_connection
+from notifier.broker.base import Confirm, Outgoing, Settle
+from notifier.broker.topology import build_topology
 from notifier.errors import BrokerError
 from tests.chaos.cluster import Cluster, Node, open_cluster
 from tests.chaos.harness import Context, Fault, Scenario, free_port, run_scenario
@@ -44,9 +47,20 @@ pytestmark = [
 NODE_LOSS_DUPLICATES = 500 + 64
 # How long the node stays down while the load goes on (the fault itself).
 DOWN_SECONDS = 6
+# AMQP ingest runs too (idle: the load comes over HTTP), so that its connections must move.
+AMQP_INGEST: dict[str, dict[str, Any]] = {
+    "amqp_ingest": {"enabled": True},
+    "amqp_ingest.tenants": {"chaos-producer": "chaos"},
+}
 # A slower load than the other scenarios' (1000 at 150/s), so that it still runs for the whole
 # time the node is down: finding the node and killing it take the CLI a few seconds.
 EVENTS, RATE_PER_SECOND = 1200, 80.0
+
+
+# What notifier opens, by the name it gives each connection.
+CONNECTIONS = (
+    "relay", "workers.webhook", "workers.webhook.retry", "amqp_ingest", "amqp_ingest.dead",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +121,9 @@ def kill_node(cluster: Cluster, choose: str, loss: NodeLoss) -> Fault:
 
 
 async def _moved(cluster: Cluster, killed: Node, loss: NodeLoss) -> bool:
-    """The worker group, the relay and both retry publishers are connected, none to ``killed``."""
+    """Every connection of notifier is open again, none on ``killed``."""
     loss.during = await trio.to_thread.run_sync(cluster.connection_nodes)
-    wanted = ("workers.webhook", "workers.webhook.retry", "relay")
-    return all(loss.during.get(name, killed.nodename) != killed.nodename for name in wanted)
+    return all(loss.during.get(name, killed.nodename) != killed.nodename for name in CONNECTIONS)
 
 
 @pytest.mark.parametrize("choose", ["workers", "leader"])
@@ -122,6 +135,7 @@ async def test_a_lost_node_loses_no_accepted_event(
     scenario = Scenario(
         f"rabbitmq cluster: kill -9 {name[choose]}, restarted", kill_node(cluster, choose, loss),
         max_duplicates=NODE_LOSS_DUPLICATES, events=EVENTS, rate_per_second=RATE_PER_SECOND,
+        config=AMQP_INGEST,
     )  # fmt: skip
     urls = cluster.urls(cluster_vhost)
     outcome = await run_scenario(
@@ -138,6 +152,7 @@ async def test_a_lost_node_loses_no_accepted_event(
     if choose == "workers":
         assert loss.before["workers.webhook"] == loss.killed
     assert loss.during["workers.webhook"] != loss.killed
+    assert set(loss.during) == set(CONNECTIONS)
     log = outcome.service.log()
     assert f"connected to RabbitMQ at 127.0.0.1:{cluster.node(loss.killed).port}/" in log
     assert "guest:guest" not in log  # a node is logged by its address, never with credentials
@@ -162,3 +177,50 @@ async def test_a_connection_goes_to_the_next_node_that_answers(
     assert message.startswith("no RabbitMQ node took the connection")
     assert all(url.split("@")[1].split("/")[0] in message for url in refused)
     assert "guest" not in message
+
+
+async def test_a_publish_in_flight_on_a_lost_node_is_not_confirmed(
+    cluster: Cluster, cluster_vhost: str
+) -> None:
+    """What the relay relies on to keep an outbox row: the publisher answers CONFIRMED only for
+    what the cluster holds. Batches go on to a queue led by the node published to, until that
+    node is killed under them; every message confirmed is then read back from another node."""
+    node, other = cluster.nodes[0], cluster.nodes[1]
+    confirmed: set[str] = set()
+    not_confirmed = 0
+    async with open_bridge():
+        async with open_connection(node.url(cluster_vhost), name="test") as conn:
+            await conn.declare(build_topology(["webhook"], [1], "quorum"))  # led from here
+            assert cluster.queue_leader(cluster_vhost, "deliveries.webhook") == node.nodename
+            async with conn.open_publisher(5) as publisher, trio.open_nursery() as nursery:
+                sent = 0
+                with trio.fail_after(60):
+                    while not not_confirmed:
+                        batch = [
+                            Outgoing("deliveries", "webhook", b"{}", f"m-{sent + i}")
+                            for i in range(200)
+                        ]
+                        sent += len(batch)
+                        results = await publisher.publish_batch(batch)
+                        for message, result in zip(batch, results, strict=True):
+                            if result is Confirm.CONFIRMED:
+                                confirmed.add(message.message_id)
+                            else:
+                                not_confirmed += 1
+                        if sent == len(batch):  # the first batch is in: kill it under the next
+                            nursery.start_soon(trio.to_thread.run_sync, cluster.kill, node)
+        print(f"\n{len(confirmed)} confirmed, {not_confirmed} not confirmed")
+        assert len(confirmed) >= 200
+        # every confirmed message is in the queue: consumed from a node that stayed up
+        found: set[str] = set()
+        with trio.move_on_after(60):
+            async with (
+                open_connection(other.url(cluster_vhost), name="test") as reading,
+                reading.open_consumer("deliveries.webhook", 1000) as consumer,
+            ):
+                while not confirmed <= found:
+                    incoming = await consumer.receive.receive()
+                    found.add(incoming.message_id or "")
+                    incoming.settle(Settle.ACK)
+    missing = confirmed - found
+    assert not missing, f"{len(missing)} confirmed messages not in the queue after 60 s"
