@@ -162,7 +162,8 @@ async def _connect(
     failures: list[str] = []
     for tried, index in enumerate(order):
         address = node_address(urls[index])
-        share = (deadline - trio.current_time()) / (len(order) - tried)
+        left = timeout_seconds if tried == 0 else deadline - trio.current_time()
+        share = left / (len(order) - tried)
         try:
             conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
         except BrokerError as exc:
