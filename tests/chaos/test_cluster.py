@@ -186,6 +186,38 @@ async def test_a_connection_goes_to_the_next_node_that_answers(
     assert "guest" not in message
 
 
+async def test_a_node_that_never_answers_gets_its_share_of_the_connect_bound(
+    cluster: Cluster, cluster_vhost: str
+) -> None:
+    """A node that takes the TCP connection but never speaks (a hung node) holds a connection
+    attempt for its share of the bound only: with two nodes and 4 s, 2 s, then the next node
+    (which would get no time at all had the silent one kept the whole bound)."""
+
+    async def silent(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    urls = [
+        f"amqp://guest:guest@127.0.0.1:{port}/{cluster_vhost}",
+        cluster.nodes[0].url(cluster_vhost),
+    ]
+    took: list[float] = []
+    async with trio.open_nursery() as nursery, open_bridge():
+        nursery.start_soon(trio.serve_listeners, silent, listeners)
+        # after connecting to the live node (the second), a connection starts at the first:
+        # of two connections, at least one tries the silent node first
+        for _ in range(2):
+            began = trio.current_time()
+            with trio.fail_after(10):
+                async with open_connection(urls, name="test", connect_timeout_seconds=4) as conn:
+                    assert conn.node.startswith(f"127.0.0.1:{cluster.nodes[0].port}/")
+            took.append(trio.current_time() - began)
+        nursery.cancel_scope.cancel()
+    assert max(took) >= 2.0, took  # it waited out the silent node's share, then went on
+
+
 async def test_a_publish_in_flight_on_a_lost_node_is_not_confirmed(
     cluster: Cluster, cluster_vhost: str
 ) -> None:
