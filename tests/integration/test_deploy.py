@@ -258,6 +258,12 @@ async def test_notifier_delivers_through_the_imported_rabbitmq_definitions(
         # the user may use notifier's names only
         with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
             await trio.to_thread.run_sync(_declare, broker_url, "something.else")
+        # a queue declared without a type (not by notifier, which names it) is a quorum queue
+        await trio.to_thread.run_sync(_declare, broker_url, "deliveries.untyped")
+        out = await trio.to_thread.run_sync(
+            rabbitmqctl, "list_queues", "-p", vhost, "name", "type", "--no-table-headers"
+        )
+        assert "deliveries.untyped\tquorum" in out.splitlines()
     finally:
         with trio.CancelScope(shield=True):
             for command in (("delete_vhost", vhost), ("delete_user", user)):
