@@ -48,10 +48,11 @@ def tool(name: str, debian_package: str) -> str:
     """The path of ``name``, installing its Debian package first when it is missing."""
     found = shutil.which(name)
     if found is None:
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", debian_package], check=True, capture_output=True,
-            timeout=300,
-        )  # fmt: skip
+        for command in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", debian_package],
+        ):
+            subprocess.run(command, check=True, capture_output=True, timeout=600)
         found = shutil.which(name)
     assert found is not None, f"{name} is not installed (Debian package {debian_package})"
     return found
