@@ -16,6 +16,7 @@ import trio
 
 from notifier.bridge import aio, open_bridge
 from notifier.store import open_store
+from notifier.store.errors import TenantExists
 from notifier.testing import open_sink
 from tests.integration.conftest import create_tenant, make_config, run_notifier
 from tests.pgbouncer import PgBouncer, pgbouncer_instance
@@ -95,6 +96,11 @@ async def test_the_store_runs_through_transaction_pooling_and_leaves_no_session_
         found, shown = await aio(statements)
         assert found == tenant
         assert shown == ("500ms", "500ms")
+        assert await store.tenant_by_key_hash("hash-1") == tenant
+        # a statement that fails in the transaction of its own is rolled back, and the
+        # connection serves the next call
+        with pytest.raises(TenantExists):
+            await store.create_tenant("through-pgbouncer", "hash-2")
         assert await store.tenant_by_key_hash("hash-1") == tenant
         # the server cancels a statement that runs too long (the client would wait 1.0 s)
         with pytest.raises(asyncpg.QueryCanceledError):

@@ -93,7 +93,10 @@ class _Connection(asyncpg.Connection):
             result = await self._closing_on_timeout(statement)
         except BaseException:
             if not self.is_closed():
-                await tx.rollback()
+                try:
+                    await tx.rollback()
+                except Exception:  # never instead of the statement's own error
+                    self.terminate()  # in an unknown state: the pool opens a fresh one
             raise
         await tx.commit()
         return result
