@@ -23,6 +23,7 @@ asyncpg) per call, PgBouncer's CPU per call, and the ratio to ``direct``.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -119,27 +120,30 @@ async def _round(
     await _timed(totals or scratch, "read+settle", 2 * n, bouncer_pid, read_and_settle)
 
 
-async def _cache_alone(
-    url: str, ids: list[uuid.UUID], rounds: int, *, cache_on: bool = True
-) -> dict[int, float]:
-    """Seconds per ``delivery_states`` call on a plain connection (the best of ``rounds``), by
-    statement cache size (through PgBouncer only without a cache: with one it breaks)."""
-
-    async def run(cache: int) -> float:
-        conn = await asyncpg.connect(url, statement_cache_size=cache)
-        try:
-            began = time.perf_counter()
-            for delivery_id in ids:
-                await conn.fetch(Q["delivery_states"], [delivery_id])
-            return (time.perf_counter() - began) / len(ids)
-        finally:
+async def _statement_alone(
+    connections: dict[str, tuple[str, int]], ids: list[uuid.UUID], rounds: int
+) -> dict[str, float]:
+    """Asyncio-flavoured. Median seconds per ``delivery_states`` statement on plain asyncpg
+    connections (name -> (url, statement cache size)), in chunks of 20 interleaved across the
+    connections, so that the machine's drift hits each alike."""
+    conns = {
+        name: await asyncpg.connect(url, statement_cache_size=cache)
+        for name, (url, cache) in connections.items()
+    }
+    chunks: dict[str, list[float]] = {name: [] for name in conns}
+    try:
+        for _ in range(rounds):
+            for start in range(0, len(ids), 20):
+                for name, conn in conns.items():
+                    began = time.perf_counter()
+                    for delivery_id in ids[start : start + 20]:
+                        await conn.fetch(Q["delivery_states"], [delivery_id])
+                    took = time.perf_counter() - began
+                    chunks[name].append(took / len(ids[start : start + 20]))
+    finally:
+        for conn in conns.values():
             await conn.close()
-
-    took: dict[int, list[float]] = {100: [], 0: []} if cache_on else {0: []}
-    for _ in range(rounds):
-        for cache in took:
-            took[cache].append(await aio(run, cache))
-    return {cache: min(values) for cache, values in took.items()}
+    return {name: statistics.median(values) for name, values in chunks.items()}
 
 
 async def main(calls: int, rounds: int) -> None:
@@ -183,16 +187,16 @@ async def _compare(direct: str, through: str, bouncer_pid: int, calls: int, roun
                 await _round(store, tenant, calls, totals[name], configs[name][2])
     _report(totals)
     ids = [r["id"] for r in await aio(_fetch, direct, "SELECT id FROM deliveries LIMIT 500")]
-    alone = {
-        "direct": await _cache_alone(direct, ids, rounds),
-        "pgbouncer": await _cache_alone(through, ids, rounds, cache_on=False),
+    connections = {
+        "direct, cache on": (direct, 100),
+        "direct, cache off": (direct, 0),
+        "pgbouncer, cache off": (through, 0),  # with a cache it breaks there
     }
-    print("\none delivery_states statement, plain asyncpg connection, µs per call:")
-    for where, by_cache in alone.items():
-        shown = ", ".join(
-            f"cache {'on' if c else 'off'} {1e6 * s:.0f}" for c, s in by_cache.items()
-        )
-        print(f"  {where}: {shown}")
+    alone = await aio(_statement_alone, connections, ids, rounds)
+    print("\none delivery_states statement on a plain asyncpg connection (median):")
+    for name, seconds in alone.items():
+        ratio = seconds / alone["direct, cache on"]
+        print(f"  {name:<22}{1e6 * seconds:>7.0f} µs  x{ratio:.2f}")
 
 
 async def _fetch(url: str, query: str) -> list[asyncpg.Record]:
