@@ -6,8 +6,11 @@ stays on a server connection, migrate works, and the relay either LISTENs on
 
 from __future__ import annotations
 
+import functools
 import logging
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -18,7 +21,8 @@ from notifier.bridge import aio, open_bridge
 from notifier.store import open_store
 from notifier.store.errors import TenantExists
 from notifier.testing import open_sink
-from tests.integration.conftest import create_tenant, make_config, run_notifier
+from tests.integration.conftest import PG_ADMIN, create_tenant, make_config, run_notifier, sql
+from tests.integration.test_cli import notifier
 from tests.pgbouncer import PgBouncer, pgbouncer_instance
 
 pytestmark = pytest.mark.integration
@@ -173,3 +177,23 @@ async def test_events_are_delivered_through_pgbouncer(
         assert sorted(r.headers["webhook-id"] for r in got) == sorted(ids)
     polling = "no LISTEN through a transaction pooler" in caplog.text
     assert polling is not listen
+
+
+async def test_migrate_and_tenant_create_from_the_cli_through_pgbouncer(
+    pgbouncer: PgBouncer, tmp_path: Path
+) -> None:
+    name = f"notifier_pgb_cli_{uuid.uuid4().hex[:8]}"
+    await sql(PG_ADMIN, f'CREATE DATABASE "{name}"')  # empty: migrate creates everything
+    try:
+        path = tmp_path / "notifier.toml"
+        path.write_text(f'[database]\nurl = "{pgbouncer.url(name)}"\npooler = "pgbouncer"\n')
+        for args in (["migrate"], ["migrate"], ["tenant", "create", "cli-through-pgbouncer"]):
+            done = await trio.to_thread.run_sync(
+                functools.partial(notifier, *args, "--config", str(path))
+            )
+            assert done.returncode == 0, done.stderr
+        base = PG_ADMIN.rsplit("/", 1)[0]
+        (row,) = await sql(f"{base}/{name}", "SELECT count(*) AS n FROM tenants")
+        assert row["n"] == 1
+    finally:
+        await sql(PG_ADMIN, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
