@@ -176,9 +176,8 @@ def test_the_production_config_takes_every_secret_from_the_environment() -> None
     assert read <= set(env_file), read - set(env_file)
     assert all(name.startswith("NOTIFIER_") for name in env_file), env_file
     # notifier.env and compose.yaml reach Postgres through PgBouncer in transaction pooling
-    # mode: where the store has the setting for it, the production config must choose it
-    if hasattr(config.database, "pooler"):
-        assert config.database.pooler == "pgbouncer"
+    # mode: the production config must say so to the store
+    assert config.database.pooler == "pgbouncer"
 
 
 # -- RabbitMQ definitions -----------------------------------------------------------------------
