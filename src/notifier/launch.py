@@ -103,11 +103,13 @@ class Launch:
         listeners: Listeners | None,
         grace_seconds: float,
         policy: RestartPolicy = RestartPolicy(),
+        shutdown_margin_seconds: float = SHUTDOWN_MARGIN_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._argv = list(argv)
         self._listeners = listeners
         self._grace_seconds = grace_seconds
+        self._margin_seconds = shutdown_margin_seconds
         self._policy = policy
         self._clock = clock
         self._slots = [Slot(i) for i in range(count)]
@@ -234,10 +236,14 @@ class Launch:
 
     def _stop_all(self, selector: selectors.BaseSelector) -> bool:
         """SIGTERM every child, wait for them (passing on a second signal), kill the rest.
-        True when every child stopped by itself and exited 0."""
+        True when every child stopped by itself (exited 0, or on the SIGTERM itself)."""
         forwarded = len(self._signals)
         self._signal_children(signal.SIGTERM)
-        deadline = self._clock() + self._grace_seconds + SHUTDOWN_MARGIN_SECONDS
+        if self._listeners is not None:
+            # The children close their copies as they stop taking requests; with the parent's
+            # gone too, new connections are refused, as by a single process that stops.
+            self._listeners.close()
+        deadline = self._clock() + self._grace_seconds + self._margin_seconds
         clean = True
         while any(s.proc is not None for s in self._slots):
             if self._clock() >= deadline:
@@ -252,7 +258,8 @@ class Launch:
             for slot in self._slots:
                 if slot.proc is not None and slot.proc.poll() is not None:
                     code = slot.proc.returncode
-                    if code != 0:
+                    # A child still starting (no signal handler yet) ends on the signal itself.
+                    if code not in (0, -signal.SIGTERM):
                         clean = False
                         log.error("process %d (pid %d) exited %s while stopping", slot.index,
                                   slot.proc.pid, _describe_exit(code))  # fmt: skip

@@ -7,8 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,58 @@ raise SystemExit(0)
     assert len(counter.read_text()) == 5
     assert caplog.text.count("exited with code 0 after") == 2
     assert caplog.text.count("exited with code 4 before it was ready") == 3
+
+
+def _sigterm_once(caplog: pytest.LogCaptureFixture, ready: str) -> threading.Thread:
+    """SIGTERM to this process (where the launch runs) once ``ready`` has been logged."""
+
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        while ready not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def _pids(caplog: pytest.LogCaptureFixture) -> list[int]:
+    return [int(p) for p in re.findall(r"started \(pid (\d+)\)", caplog.text)]
+
+
+READY_THEN_SLEEP = f"""
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, {{handler}})
+os.write(int(os.environ[{READY_FD_ENV!r}]), b"1")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_sigterm_stops_every_child_and_exits_0(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "notifier.launch")
+    code = READY_THEN_SLEEP.format(handler="lambda *_: sys.exit(0)")
+    launch = Launch(_child(code), 2, listeners=None, grace_seconds=5, policy=FAST)
+    thread = _sigterm_once(caplog, "launch running: 2 processes")
+    assert launch.run() == 0
+    thread.join()
+    assert "SIGTERM: stopping 2 processes" in caplog.text
+    assert len(_pids(caplog)) == 2
+    assert not [pid for pid in _pids(caplog) if os.path.exists(f"/proc/{pid}")]
+
+
+def test_children_still_running_after_the_grace_period_are_killed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "notifier.launch")
+    code = READY_THEN_SLEEP.format(handler="signal.SIG_IGN")
+    launch = Launch(_child(code), 1, listeners=None, grace_seconds=0.2, policy=FAST,
+                    shutdown_margin_seconds=0.2)  # fmt: skip
+    thread = _sigterm_once(caplog, "launch running: 1 processes")
+    started = time.monotonic()
+    assert launch.run() == 1
+    thread.join()
+    assert time.monotonic() - started < 30
+    assert "still running after the grace period: killing them" in caplog.text
+    assert not os.path.exists(f"/proc/{_pids(caplog)[0]}")
