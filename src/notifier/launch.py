@@ -17,7 +17,9 @@ What the children share, the parent made:
 
 A child that exits is started again after a backoff (``RestartPolicy``), and logged with its exit
 code. A child that exits before it was ready failed to start; when one slot fails to start
-``max_start_failures`` times in a row, the launch stops every child and exits 1. SIGTERM or
+``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and
+with 2, when the child refused the config (what only a child checks, such as the secrets of the
+``workers`` role). SIGTERM or
 SIGINT is passed on to every child (a second one too: the children stop at once); the parent
 waits ``shutdown_grace_seconds`` plus a margin, kills what is left, and exits 0 when every child
 stopped by itself.
@@ -48,6 +50,7 @@ from notifier.metrics import MULTIPROC_DIR_ENV
 log = logging.getLogger("notifier.launch")
 
 READY_FD_ENV = "NOTIFIER_READY_FD"
+EXIT_USAGE = 2  # a child's exit code for a config it refuses (as notifier.cli)
 # What the parent waits for beyond the grace period: a child's own bound (grace + 1 s) plus
 # closing its pools and connections.
 SHUTDOWN_MARGIN_SECONDS = 5.0
@@ -143,13 +146,9 @@ class Launch:
                 return self._shutdown(selector)
             for slot in self._slots:
                 if slot.proc is not None and slot.proc.poll() is not None:
-                    if not self._on_exit(slot, selector):
-                        log.error(
-                            "process %d failed to start %d times in a row: stopping the launch",
-                            slot.index, slot.start_failures_in_a_row,
-                        )  # fmt: skip
+                    if (code := self._on_exit(slot, selector)) is not None:
                         self._stop_all(selector)
-                        return 1
+                        return code
                 elif slot.proc is None and self._clock() >= slot.start_due:
                     self._start(slot, selector)
 
@@ -191,9 +190,9 @@ class Launch:
                 self._all_ready_logged = True
                 log.info("launch running: %d processes", len(self._slots))
 
-    def _on_exit(self, slot: Slot, selector: selectors.BaseSelector) -> bool:
-        """Note the exit of ``slot``'s child and plan its restart; False when it is time to
-        give up."""
+    def _on_exit(self, slot: Slot, selector: selectors.BaseSelector) -> int | None:
+        """Note the exit of ``slot``'s child and plan its restart; or, when it is time to give
+        up, the launch's exit code."""
         assert slot.proc is not None
         code, pid, ran = slot.proc.returncode, slot.proc.pid, self._clock() - slot.started_at
         if slot.ready_fd is not None:
@@ -207,10 +206,17 @@ class Launch:
             slot.start_failures_in_a_row += 1
         healthy = slot.ready and ran >= self._policy.healthy_after_seconds
         slot.exits_in_a_row = 1 if healthy else slot.exits_in_a_row + 1
+        if not slot.ready and code == EXIT_USAGE:
+            # The child refused the config (a secret its workers need, say): no retry mends it.
+            log.error("process %d (pid %d) refused the config: stopping the launch", slot.index,
+                      pid)  # fmt: skip
+            return EXIT_USAGE
         if slot.start_failures_in_a_row >= self._policy.max_start_failures:
             log.error("process %d (pid %d) exited %s before it was ready", slot.index, pid,
                       _describe_exit(code))  # fmt: skip
-            return False
+            log.error("process %d failed to start %d times in a row: stopping the launch",
+                      slot.index, slot.start_failures_in_a_row)  # fmt: skip
+            return 1
         delay = self._policy.delay(slot.exits_in_a_row)
         log.error(
             "process %d (pid %d) exited %s %s; starting it again in %.1f s", slot.index, pid,
@@ -218,7 +224,7 @@ class Launch:
             delay,
         )  # fmt: skip
         slot.start_due = self._clock() + delay
-        return True
+        return None
 
     def _close_ready(self, slot: Slot, selector: selectors.BaseSelector) -> None:
         if slot.ready_fd is not None:

@@ -7,7 +7,7 @@ Postgres and RabbitMQ when ``/metrics`` is scraped: every process that serves ``
 reports the same values (aggregate them with ``max``, not ``sum``).
 
 In a launch of several processes (``notifier run --processes N``), the parent gives every
-process one directory in ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode):
+process the same directory in ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode):
 each process writes its counters and histograms there, and ``/metrics``, whichever process
 answers it, reports the sum over the whole launch (the counts of a process that has exited
 included, so they never go down); ``notifier_worker_in_flight`` is summed over the live

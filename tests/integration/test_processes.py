@@ -248,3 +248,22 @@ async def test_processes_that_keep_failing_at_start_end_the_launch(
     assert "failed to start 3 times in a row" in log
     # Bounded: at most three starts of each of the two processes.
     assert len(re.findall(r"process \d started", log)) <= 6
+
+
+async def test_a_config_only_the_processes_check_ends_the_launch_with_2(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    """The workers' secrets are read by the processes that run them: a missing bot token makes
+    them exit 2, and the launch ends at once with 2 instead of starting them again."""
+    config = ingest_config(database_url, broker_url)
+    config["workers.telegram"] = {"bot_token_env": "NOTIFIER_TEST_NO_SUCH_TOKEN"}
+    launch = Launch(tmp_path, config, "--role", "workers", "--processes", "2")
+    launch.process.start()
+    code = await launch.process.wait_exit(START_SECONDS)
+    if code is None:
+        await launch.process.stop()
+    log = launch.process.log()
+    assert code == 2, log
+    assert "refused the config: stopping the launch" in log
+    assert "NOTIFIER_TEST_NO_SUCH_TOKEN" in log
+    assert "starting it again" not in log

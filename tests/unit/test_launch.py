@@ -193,3 +193,14 @@ def test_children_still_running_after_the_grace_period_are_killed(
     assert time.monotonic() - started < 30
     assert "still running after the grace period: killing them" in caplog.text
     assert not os.path.exists(f"/proc/{_pids(caplog)[0]}")
+
+
+def test_a_child_that_refuses_the_config_ends_the_launch_at_once_with_2(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "notifier.launch")
+    launch = Launch(_child("raise SystemExit(2)"), 2, listeners=None, grace_seconds=1,
+                    policy=FAST)  # fmt: skip
+    assert launch.run() == 2
+    assert "refused the config: stopping the launch" in caplog.text
+    assert "starting it again" not in caplog.text
