@@ -264,7 +264,7 @@ class Bench:
         while (n := self.sink.count() - base) < count:
             now = time.time()
             if now >= next_rss:
-                rss.append((now - t0, n, rss_kib(proc.pid)))
+                rss.append((now - t0, n, rss_kib(proc.pid, *children(proc.pid))))
                 next_rss = now + rss_every
             if progress_every and n >= next_progress:
                 self.say(f"    {n:>8} delivered, RSS {rss[-1][2] / 1024:.1f} MiB")
@@ -274,7 +274,7 @@ class Bench:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name}: only {n} of {count} delivered")
             time.sleep(0.05)
-        rss.append((time.time() - t0, count, rss_kib(proc.pid)))
+        rss.append((time.time() - t0, count, rss_kib(proc.pid, *children(proc.pid))))
         last = self.sink.arrivals(base + count - 1, base + count)[0]
         # the last webhook's attempt is recorded and acked just after it arrived: one check
         wait_for(lambda: self.scratch.delivered(event_type)[0] >= count, 30,
