@@ -140,18 +140,26 @@ raise SystemExit(0)
     assert caplog.text.count("exited with code 4 before it was ready") == 3
 
 
-def _sigterm_once(caplog: pytest.LogCaptureFixture, ready: str) -> threading.Thread:
-    """SIGTERM to this process (where the launch runs) once ``ready`` has been logged."""
+class _SigtermOnce:
+    """SIGTERM to this process (where the launch runs) once ``ready`` has been logged; never
+    after the launch has returned (the default handler would end the test run)."""
 
-    def send() -> None:
+    def __init__(self, caplog: pytest.LogCaptureFixture, ready: str) -> None:
+        self._caplog, self._ready = caplog, ready
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._send)
+        self._thread.start()
+
+    def _send(self) -> None:
         deadline = time.monotonic() + 60
-        while ready not in caplog.text and time.monotonic() < deadline:
-            time.sleep(0.02)
+        while self._ready not in self._caplog.text:
+            if self._done.wait(0.02) or time.monotonic() > deadline:
+                return
         os.kill(os.getpid(), signal.SIGTERM)
 
-    thread = threading.Thread(target=send)
-    thread.start()
-    return thread
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def _pids(caplog: pytest.LogCaptureFixture) -> list[int]:
@@ -171,9 +179,11 @@ def test_sigterm_stops_every_child_and_exits_0(caplog: pytest.LogCaptureFixture)
     caplog.set_level(logging.INFO, "notifier.launch")
     code = READY_THEN_SLEEP.format(handler="lambda *_: sys.exit(0)")
     launch = Launch(_child(code), 2, listeners=None, grace_seconds=5, policy=FAST)
-    thread = _sigterm_once(caplog, "launch running: 2 processes")
-    assert launch.run() == 0
-    thread.join()
+    sigterm = _SigtermOnce(caplog, "launch running: 2 processes")
+    try:
+        assert launch.run() == 0
+    finally:
+        sigterm.close()
     assert "SIGTERM: stopping 2 processes" in caplog.text
     assert len(_pids(caplog)) == 2
     assert not [pid for pid in _pids(caplog) if os.path.exists(f"/proc/{pid}")]
@@ -186,10 +196,12 @@ def test_children_still_running_after_the_grace_period_are_killed(
     code = READY_THEN_SLEEP.format(handler="signal.SIG_IGN")
     launch = Launch(_child(code), 1, listeners=None, grace_seconds=0.2, policy=FAST,
                     shutdown_margin_seconds=0.2)  # fmt: skip
-    thread = _sigterm_once(caplog, "launch running: 1 processes")
+    sigterm = _SigtermOnce(caplog, "launch running: 1 processes")
     started = time.monotonic()
-    assert launch.run() == 1
-    thread.join()
+    try:
+        assert launch.run() == 1
+    finally:
+        sigterm.close()
     assert time.monotonic() - started < 30
     assert "still running after the grace period: killing them" in caplog.text
     assert not os.path.exists(f"/proc/{_pids(caplog)[0]}")
