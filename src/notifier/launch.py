@@ -169,6 +169,9 @@ class Launch:
                 # passes it on once (a second signal would stop a child at once).
                 process_group=0, preexec_fn=_die_with_parent,
             )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
