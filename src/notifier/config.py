@@ -43,6 +43,21 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 class ServiceConfig(_Section, frozen=True):
     shutdown_grace_seconds: NonNegativeFloat = 10.0
+    # Processes of one launch (`notifier run --processes`): a number, or "auto" for one per
+    # core; 1 runs the roles in this process, with no supervising parent.
+    processes: Positive | Literal["auto"] = 1
+
+    def process_count(self) -> int:
+        """``processes`` as a number: ``auto`` is the number of cores this process may use."""
+        return available_cores() if self.processes == "auto" else self.processes
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 # Postgres takes statement_timeout in whole milliseconds, and 0 would turn it off.
