@@ -24,15 +24,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def rss_kib(pid: int) -> int:
-    """VmRSS of one process in KiB (0 when it has gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
+def rss_kib(*pids: int) -> int:
+    """VmRSS of the processes ``pids`` in KiB, summed (0 for one that has gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
 
 
 def pids_named(*names: str) -> list[int]:
@@ -51,7 +53,7 @@ def pids_named(*names: str) -> list[int]:
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (nginx's workers)."""
+    """Direct children of ``pid`` (nginx's workers, the processes of a notifier launch)."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

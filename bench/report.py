@@ -80,6 +80,43 @@ def ratios(stages: list[Stage]) -> str:
     return "\n".join(lines)
 
 
+SCALED = (("scale_ingest", "ingest, POST /v1/events"), ("scale_delivery", "delivery"))
+
+
+def scaling_values(stages: list[Stage]) -> dict[str, dict[str, float]]:
+    """Per scaled stage: the rate and notifier's CPU per 1,000 with 1 and 2 processes, and
+    the ratios of 2 to 1."""
+    by = {s.key: s for s in stages}
+    out: dict[str, dict[str, float]] = {}
+    for key, _ in SCALED:
+        one, two = by.get(f"{key}_1"), by.get(f"{key}_2")
+        if one is None or two is None:
+            continue
+        cpu1, cpu2 = one.per_1000("server") or 0.0, two.per_1000("server") or 0.0
+        out[key] = {
+            "rate_1": one.rate, "rate_2": two.rate,
+            "rate_ratio": two.rate / one.rate if one.rate else 0.0,
+            "cpu_per_1000_1": cpu1, "cpu_per_1000_2": cpu2,
+            "cpu_ratio": cpu2 / cpu1 if cpu1 else 0.0,
+        }  # fmt: skip
+    return out
+
+
+def scaling(stages: list[Stage]) -> str:
+    values = scaling_values(stages)
+    if not values:
+        return ""
+    lines = ["", "scaling, --processes 2 / --processes 1, same run (CPU: notifier's processes):"]
+    for key, what in SCALED:
+        if (v := values.get(key)) is not None:
+            lines.append(
+                f"  {what:<26} {v['rate_1']:7.0f}/s -> {v['rate_2']:7.0f}/s  "
+                f"rate {v['rate_ratio']:4.2f}x   CPU s per 1,000 {v['cpu_per_1000_1']:5.2f} -> "
+                f"{v['cpu_per_1000_2']:5.2f} ({v['cpu_ratio']:4.2f}x)"
+            )
+    return "\n".join(lines)
+
+
 def memory(stages: list[Stage]) -> str:
     lines = []
     for s in stages:

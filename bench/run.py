@@ -10,6 +10,8 @@ own; load from wrk, webhooks into an nginx sink):
   size drained by a plain asyncio process doing the same work (bench/baseline_asyncio.py).
 - end to end: every role in one process, wrk unpaced (the saturation rate), then paced at a
   fraction of it for the ingest→delivered latency.
+- scaling: ``--processes 1`` and ``--processes 2`` side by side, for ingest (wrk on the
+  shared port) and delivery (draining a backlog); ``--scaling`` runs only these.
 - memory (``--memory``): RSS of the workers while draining 100,000; ``--soak N``: RSS while
   delivering N.
 
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.procs import CpuGroups, Processes, alive, pids_named, rss_kib, wait_for
+from bench.procs import CpuGroups, Processes, alive, children, pids_named, rss_kib, wait_for
 from bench.scratch import Scratch
 from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
 
@@ -117,7 +119,9 @@ class Bench:
         self.samples: dict[str, Any] = {}
         beam = pids_named("beam.smp")
         self.cpu = CpuGroups({
-            "server": lambda: alive([self.subject.pid]) if self.subject else [],
+            # notifier, and with --processes the launch's processes under it
+            "server": lambda: alive([self.subject.pid, *children(self.subject.pid)])
+            if self.subject else [],
             "postgres": lambda: pids_named("postgres"),
             "pg_own": lambda: self.scratch.backend_pids() if self.scratch.created else [],
             "rabbitmq": lambda: beam,
@@ -136,13 +140,17 @@ class Bench:
         traced_every: float | None = None,
         traced_frames: int = 1,
         wait: bool = True,
+        processes: int = 1,
     ) -> subprocess.Popen[bytes]:
-        """Start notifier with ``roles``; with ``wait``, return once it logged that it runs
-        (an INFO line: below INFO a caller has its own sign, such as the first webhook)."""
+        """Start notifier with ``roles`` (in ``processes`` processes); with ``wait``, return once
+        it logged that it runs (an INFO line: below INFO a caller has its own sign, such as the
+        first webhook)."""
         config = self.tmp / f"notifier-{level}.toml"
         notifier_config(config, self.scratch, self.port, level)
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
         name = f"notifier-{roles.replace(',', '+')}-{level}"
+        if processes > 1:
+            name += f"-x{processes}"
         log = self.tmp / f"{name}.log"
         offset = log.stat().st_size if log.exists() else 0
         argv = [sys.executable, "-m", "notifier"]
@@ -150,6 +158,9 @@ class Bench:
             argv = [sys.executable, str(HERE / "traced.py"), str(self.tmp / "trace.txt"),
                     str(traced_every), str(traced_frames)]  # fmt: skip
         argv += ["run", "--role", roles, "--config", str(config)]
+        if processes > 1:
+            argv += ["--processes", str(processes)]
+        running = b"notifier running" if processes == 1 else b"launch running"
         proc = self.procs.start(name, argv, env)
 
         def ready() -> bool:
@@ -157,7 +168,7 @@ class Bench:
                 raise RuntimeError(f"notifier exited {proc.returncode}; see {log}")
             with log.open("rb") as f:
                 f.seek(offset)
-                return b"notifier running" in f.read()
+                return running in f.read()
 
         self.subject = proc
         if wait:
@@ -226,9 +237,12 @@ class Bench:
 
     def drain(self, key: str, name: str, server: str, event_type: str, count: int,
               start: Callable[[], subprocess.Popen[bytes]], rss_every: float = 0.5,
-              progress_every: int = 0) -> Stage:  # fmt: skip
+              progress_every: int = 0, ready_first: bool = False) -> Stage:  # fmt: skip
         """Make a backlog of ``count`` deliveries in the queue, start the server, and measure
-        from its first webhook to the ``count``-th (the start-up is not measured)."""
+        from its first webhook to the ``count``-th (the start-up is not measured). With
+        ``ready_first``, ``start`` returns once the server is ready (every process of a launch),
+        and the measure starts then: what a process that was ready earlier delivered before
+        is left out, so the figure is the rate of all of them running."""
         assert self.sink is not None
         t_make = time.time()
         bodies = self.scratch.make_backlog(event_type, count)
@@ -237,8 +251,9 @@ class Bench:
         self.say(f"  {name}: backlog of {count} made and queued in {time.time() - t_make:.1f} s")
         base = self.sink.count()
         proc = start()
-        wait_for(lambda: self.sink is not None and self.sink.count() > base, 60,
-                 "the first webhook")  # fmt: skip
+        if not ready_first:
+            wait_for(lambda: self.sink is not None and self.sink.count() > base, 60,
+                     "the first webhook")  # fmt: skip
         stop = self.measure()
         t0 = time.time()
         first = self.sink.count() - base
@@ -249,7 +264,7 @@ class Bench:
         while (n := self.sink.count() - base) < count:
             now = time.time()
             if now >= next_rss:
-                rss.append((now - t0, n, rss_kib(proc.pid)))
+                rss.append((now - t0, n, rss_kib(proc.pid, *children(proc.pid))))
                 next_rss = now + rss_every
             if progress_every and n >= next_progress:
                 self.say(f"    {n:>8} delivered, RSS {rss[-1][2] / 1024:.1f} MiB")
@@ -259,7 +274,7 @@ class Bench:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name}: only {n} of {count} delivered")
             time.sleep(0.05)
-        rss.append((time.time() - t0, count, rss_kib(proc.pid)))
+        rss.append((time.time() - t0, count, rss_kib(proc.pid, *children(proc.pid))))
         last = self.sink.arrivals(base + count - 1, base + count)[0]
         # the last webhook's attempt is recorded and acked just after it arrived: one check
         wait_for(lambda: self.scratch.delivered(event_type)[0] >= count, 30,
@@ -281,6 +296,21 @@ class Bench:
                 f"{delivered} DELIVERED, {stage.extra['signed']} signed of {count}"
             )
         return self.done(stage)
+
+    def scaling(self, seconds: float, backlog: int) -> None:
+        """Ingest and delivery with 1 and with 2 processes, one after the other."""
+        for n in (1, 2):
+            self.start_notifier("ingest", processes=n)
+            self.ingest(f"scale_ingest_{n}", f"scaling: POST /v1/events, {n} process(es)",
+                        f"notifier --role ingest --processes {n}", "/v1/events", 1,
+                        f"bench.scale.ingest.{n}", seconds)  # fmt: skip
+            self.stop_subject()
+        for n in (1, 2):
+            start = functools.partial(self.start_notifier, "workers", processes=n)
+            self.drain(f"scale_delivery_{n}", f"scaling: delivery, {n} process(es)",
+                       f"notifier --role workers --processes {n}", f"bench.scale.delivery.{n}",
+                       backlog, start, ready_first=True)  # fmt: skip
+            self.stop_subject()
 
     def relay(self, limit: int) -> Stage:
         s = self.scratch
@@ -397,6 +427,9 @@ class Bench:
         self.scratch.create(self.sink.url)
         self.say(f"scratch database and vhost {self.scratch.name}; files in {self.tmp}")
         print(report.header(), flush=True)
+        if a.scaling:
+            self.scaling(secs, backlog)
+            return
 
         # ingest
         self.start_notifier("ingest")
@@ -431,6 +464,9 @@ class Bench:
         # end to end
         self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
 
+        # the same stages with 1 and with 2 processes
+        self.scaling(secs, backlog)
+
         # memory
         if a.memory:
             self.drain("memory", "memory: workers draining 100,000", "notifier --role workers",
@@ -456,6 +492,8 @@ def main() -> int:
     parser.add_argument("--paced-fraction", type=float, default=0.5)
     parser.add_argument("--no-warning-run", dest="warning_run", action="store_false",
                         help="skip the delivery stage at log level WARNING")  # fmt: skip
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the scaling stages: 1 and 2 processes")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
     parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",
@@ -492,13 +530,15 @@ def main() -> int:
     elapsed = time.time() - started
     if not args.soak:
         print(report.ratios(bench.stages), flush=True)
+        print(report.scaling(bench.stages), flush=True)
         print(report.memory(bench.stages), flush=True)
     print(f"\n{report.machine()}; run took {elapsed:.0f} s", flush=True)
     result = {
         "machine": report.machine_info(), "started": started, "seconds": elapsed,
         "argv": sys.argv[1:], "python": platform.python_version(),
         "stages": [s.as_dict() for s in bench.stages],
-        "ratios": report.ratio_values(bench.stages), "samples": bench.samples,
+        "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
+        "samples": bench.samples,
     }  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -6,16 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import secrets
 import sys
 from collections.abc import Sequence
+from typing import Literal
 
 import trio
 
 from notifier import service
-from notifier.config import Config, load_config
+from notifier.config import Config, available_cores, load_config
 from notifier.errors import ConfigError, NotifierError
 from notifier.ingest.tenants import hash_api_key
+from notifier.launch import READY_FD_ENV, launch, notify_ready
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
 from notifier.store import open_store
@@ -38,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(service.ROLES),
         help=f"comma-separated subset of {','.join(service.ROLES)} (default: all)",
     )
+    run.add_argument(
+        "--processes",
+        type=_processes,
+        metavar="N",
+        help="run N processes of the roles under a supervising parent, sharing the ingest "
+        "port; 'auto' = one per core (default: service.processes, 1)",
+    )
     tenant = sub.add_parser("tenant", help="manage tenants")
     tenant_sub = tenant.add_subparsers(dest="tenant_command", required=True)
     create = tenant_sub.add_parser(
@@ -45,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     create.add_argument("name")
     return parser
+
+
+def _processes(value: str) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 1 or 'auto', got {value!r}")
+    return int(value)
 
 
 def _roles(value: str) -> list[str]:
@@ -58,15 +76,38 @@ def _roles(value: str) -> list[str]:
     return roles
 
 
+async def _run_child(config: Config, roles: list[str]) -> None:
+    """A process of a launch: ``service.run`` that tells the parent once every role started."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run, config, roles)
+        notify_ready()
+
+
+def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
+    wanted = args.processes if args.processes is not None else config.service.processes
+    count = available_cores() if wanted == "auto" else wanted
+    if count > 1:
+        return launch(
+            args.config, roles, count, grace_seconds=config.service.shutdown_grace_seconds,
+            bind=config.ingest.bind if "ingest" in roles else None,
+        )  # fmt: skip
+    setup_sentry(config.sentry)
+    if READY_FD_ENV in os.environ:
+        trio.run(_run_child, config, roles)
+    else:
+        trio.run(service.run, config, roles)
+    return EXIT_OK
+
+
 async def _migrate(config: Config) -> None:
-    async with open_store(config.database.url, max_size=2) as store:
+    async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
         await store.migrate()
     print("schema is up to date")
 
 
 async def _tenant_create(config: Config, name: str) -> None:
     api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-    async with open_store(config.database.url, max_size=2) as store:
+    async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
         tenant_id = await store.create_tenant(name, hash_api_key(api_key))
     print(json.dumps({"id": str(tenant_id), "name": name, "api_key": api_key}))
 
@@ -90,9 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
         setup_logging(config.logging)
         if args.command == "run":
-            roles = _roles(args.role)
-            setup_sentry(config.sentry)
-            trio.run(service.run, config, roles)
+            return _run(config, _roles(args.role), args)
         elif args.command == "migrate":
             trio.run(_migrate, config)
         else:

@@ -6,6 +6,13 @@ gauges (outbox depth, open deliveries, broker queue depths) are global values re
 Postgres and RabbitMQ when ``/metrics`` is scraped: every process that serves ``/metrics``
 reports the same values (aggregate them with ``max``, not ``sum``).
 
+In a launch of several processes (``notifier run --processes N``), the parent gives every
+process the same directory in ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode):
+each process writes its counters and histograms there, and ``/metrics``, whichever process
+answers it, reports the sum over the whole launch (the counts of a process that has exited
+included, so they never go down); ``notifier_worker_in_flight`` is summed over the live
+processes. Series keep their names and labels; none has a ``pid`` label.
+
 Updating a metric is a plain in-process call (a lock and an addition): no I/O and no bridge
 crossing per message. Labels are bounded: channel type, outcome, status, queue kind.
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +29,7 @@ from datetime import UTC, datetime
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from notifier.broker.topology import dead_queue, main_queue, retry_queue
@@ -40,6 +49,9 @@ ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
 RELAY_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+# Set by the parent of a launch; prometheus-client reads it when it is first imported.
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
 ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
@@ -123,9 +135,13 @@ class _ScrapeTime(Collector):
 class Metrics:
     """Every metric of one process, on a registry of its own (several services may share a
     process, as the tests do). Pass one instance to the ingest app, the relay and the worker
-    groups; ``render()`` is the ``/metrics`` body."""
+    groups; ``render()`` is the ``/metrics`` body.
 
-    def __init__(self) -> None:
+    In a process of a launch (``$PROMETHEUS_MULTIPROC_DIR`` set) ``render()`` reports the
+    whole launch; one ``Metrics`` per process then, as its values live in per-process files."""
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        self.multiproc_dir = environ.get(MULTIPROC_DIR_ENV) or None
         self.registry = CollectorRegistry()
         r = self.registry
         self.events_ingested = Counter(
@@ -166,14 +182,19 @@ class Metrics:
         )  # fmt: skip
         self.worker_in_flight = Gauge(
             "notifier_worker_in_flight", "Messages a worker group is handling right now.",
-            ["channel_type"], registry=r,
+            ["channel_type"], registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
         self.scrape_time = _ScrapeTime()
         r.register(self.scrape_time)
 
     def render(self) -> bytes:
         """The text exposition (``CONTENT_TYPE``) of every metric."""
-        return generate_latest(self.registry)
+        if self.multiproc_dir is None:
+            return generate_latest(self.registry)
+        launch = CollectorRegistry()
+        MultiProcessCollector(launch, self.multiproc_dir)  # type: ignore[no-untyped-call]
+        launch.register(self.scrape_time)
+        return generate_latest(launch)
 
     def start_channel_type(self, channel_type: str) -> None:
         """Export a worker group's series at zero from the start, so ``rate()`` and

@@ -10,8 +10,9 @@ app's lifespan, ``WorkerContext.terminated`` and a deadline for requests in flig
 from __future__ import annotations
 
 import logging
+import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import cast
 
 import h11
@@ -40,6 +41,9 @@ from notifier.lifecycle import Stop
 log = logging.getLogger("notifier.ingest")
 
 KEEP_ALIVE_SECONDS = 30.0
+# The listening sockets a process of a launch inherits from its parent (``notifier.launch``):
+# their file descriptors, comma separated.
+LISTEN_FDS_ENV = "NOTIFIER_LISTEN_FDS"
 
 
 class Listeners:
@@ -56,6 +60,9 @@ class Listeners:
     def binds(self) -> list[str]:
         return [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in self._sockets]
 
+    def filenos(self) -> list[int]:
+        return [s.fileno() for s in self._sockets]
+
     def trio_listeners(self) -> list[trio.SocketListener]:
         return [trio.SocketListener(trio.socket.from_stdlib_socket(s.dup())) for s in self._sockets]
 
@@ -70,8 +77,13 @@ class Listeners:
         self.close()
 
 
-def open_listeners(bind: str) -> Listeners:
-    """Bind and listen on ``bind`` (``HOST:PORT``); raises ``OSError`` when the port is taken."""
+def open_listeners(bind: str, environ: Mapping[str, str] = os.environ) -> Listeners:
+    """Bind and listen on ``bind`` (``HOST:PORT``); raises ``OSError`` when the port is taken.
+
+    In a process of a launch (``$NOTIFIER_LISTEN_FDS`` set) the sockets are the ones the parent
+    bound, inherited: every process of the launch accepts on the same port."""
+    if fds := environ.get(LISTEN_FDS_ENV):
+        return adopt_listeners(fds)
     hc = HyperConfig()
     hc.bind = [bind]
     sockets = hc.create_sockets().insecure_sockets
@@ -82,6 +94,23 @@ def open_listeners(bind: str) -> Listeners:
         for sock in sockets:
             sock.close()
         raise
+    return Listeners(sockets)
+
+
+def adopt_listeners(fds: str) -> Listeners:
+    """The listening sockets whose file descriptors ``fds`` (comma separated) names."""
+    numbers = fds.split(",")
+    if not all(fd.strip().isdigit() for fd in numbers):
+        raise OSError(f"{LISTEN_FDS_ENV}: {fds!r} is not a list of file descriptors")
+    sockets: list[socket.socket] = []
+    for fd in numbers:
+        sock = socket.socket(fileno=int(fd))
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) != 1:
+            sock.detach()
+            for adopted in sockets:
+                adopted.close()
+            raise OSError(f"{LISTEN_FDS_ENV}: file descriptor {fd} is not a listening socket")
+        sockets.append(sock)
     return Listeners(sockets)
 
 

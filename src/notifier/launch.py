@@ -1,0 +1,363 @@
+"""``notifier run --processes N``: a small parent that supervises N processes of notifier.
+
+The parent is plain blocking Python, not trio: it does no network I/O of its own, only starts
+processes, waits for them and forwards signals, and a child must never inherit an event loop
+(each child is a fresh interpreter, ``python -m notifier run --processes 1``, with its own trio
+loop). Before the first child starts, the parent has loaded and validated the config and bound
+the ingest port, so a bad config or a taken port fails the launch once, not N times.
+
+What the children share, the parent made:
+
+- the ingest port: the listening sockets, inherited (``$NOTIFIER_LISTEN_FDS``); every child
+  accepts on them, so clients see one address and a busy child simply accepts less;
+- the metrics directory (``$PROMETHEUS_MULTIPROC_DIR``), a temporary directory removed at the
+  end, so ``/metrics`` reports the whole launch (``notifier.metrics``);
+- a readiness pipe per child (``$NOTIFIER_READY_FD``): the child writes one byte once every role
+  has started.
+
+A child that exits is started again after a backoff (``RestartPolicy``), and logged with its exit
+code. A child that exits before it was ready failed to start; when one slot fails to start
+``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and
+with 2, when the child refused the config (what only a child checks, such as the secrets of the
+``workers`` role). SIGTERM or
+SIGINT is passed on to every child (a second one too: the children stop at once); the parent
+waits ``shutdown_grace_seconds`` plus a margin, kills what is left, and exits 0 when every child
+stopped by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from notifier.ingest.serve import LISTEN_FDS_ENV, Listeners, open_listeners
+from notifier.metrics import MULTIPROC_DIR_ENV
+
+log = logging.getLogger("notifier.launch")
+
+READY_FD_ENV = "NOTIFIER_READY_FD"
+EXIT_USAGE = 2  # a child's exit code for a config it refuses (as notifier.cli)
+# What the parent waits for beyond the grace period: a child's own bound (grace + 1 s) plus
+# closing its pools and connections.
+SHUTDOWN_MARGIN_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to start a child again. Pure: the supervisor asks, this answers."""
+
+    base_seconds: float = 0.5
+    max_seconds: float = 30.0
+    # A child that ran this long before it exited starts its backoff from the beginning.
+    healthy_after_seconds: float = 60.0
+    max_start_failures: int = 3
+
+    def delay(self, failures_in_a_row: int) -> float:
+        """Seconds to wait before the start after the ``failures_in_a_row``-th exit (≥ 1)."""
+        return min(self.base_seconds * 2.0 ** (failures_in_a_row - 1), self.max_seconds)
+
+
+@dataclass
+class Slot:
+    """One of the N places of the launch, and the child that fills it now."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    ready_fd: int | None = None  # the parent's end of the child's readiness pipe
+    ready: bool = False
+    started_at: float = 0.0
+    exits_in_a_row: int = 0
+    start_failures_in_a_row: int = 0
+    start_due: float = 0.0  # when the next child starts (while ``proc`` is None)
+
+
+def notify_ready(environ: Mapping[str, str] = os.environ) -> None:
+    """In a child of a launch: tell the parent that every role has started."""
+    if fd := environ.get(READY_FD_ENV):
+        with contextlib.suppress(OSError):
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+
+
+class Launch:
+    """The parent of ``count`` children, each started with ``argv`` (plus the environment the
+    launch adds); ``run()`` returns the parent's exit code."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        count: int,
+        *,
+        listeners: Listeners | None,
+        grace_seconds: float,
+        policy: RestartPolicy = RestartPolicy(),
+        shutdown_margin_seconds: float = SHUTDOWN_MARGIN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._argv = list(argv)
+        self._listeners = listeners
+        self._grace_seconds = grace_seconds
+        self._margin_seconds = shutdown_margin_seconds
+        self._policy = policy
+        self._clock = clock
+        self._slots = [Slot(i) for i in range(count)]
+        self._signals: list[int] = []
+        self._metrics_dir = ""
+        self._all_ready_logged = False
+
+    # -- the loop --
+
+    def run(self) -> int:
+        with self._signal_wakeup() as wakeup, self._metrics_directory():
+            selector = selectors.DefaultSelector()
+            selector.register(wakeup, selectors.EVENT_READ)
+            try:
+                for slot in self._slots:
+                    self._start(slot, selector)
+                return self._supervise(selector, wakeup)
+            finally:
+                self._kill_all()
+                selector.close()
+
+    def _supervise(self, selector: selectors.BaseSelector, wakeup: int) -> int:
+        while True:
+            for key, _ in selector.select(timeout=0.1):
+                if key.fd == wakeup:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wakeup, 512)
+                else:
+                    self._on_ready(key.fd, selector)
+            if self._signals:
+                return self._shutdown(selector)
+            for slot in self._slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    if (code := self._on_exit(slot, selector)) is not None:
+                        self._stop_all(selector)
+                        return code
+                elif slot.proc is None and self._clock() >= slot.start_due:
+                    self._start(slot, selector)
+
+    def _start(self, slot: Slot, selector: selectors.BaseSelector) -> None:
+        read_fd, write_fd = os.pipe()
+        fds = [write_fd]
+        env = dict(os.environ)
+        env[MULTIPROC_DIR_ENV] = self._metrics_dir
+        env[READY_FD_ENV] = str(write_fd)
+        if self._listeners is not None:
+            listen_fds = self._listeners.filenos()
+            fds += listen_fds
+            env[LISTEN_FDS_ENV] = ",".join(map(str, listen_fds))
+        try:
+            slot.proc = subprocess.Popen(
+                self._argv, env=env, pass_fds=fds, stdin=subprocess.DEVNULL,
+                # Its own process group: a Ctrl-C in a terminal reaches the parent only, which
+                # passes it on once (a second signal would stop a child at once).
+                process_group=0, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        selector.register(read_fd, selectors.EVENT_READ)
+        slot.ready_fd, slot.ready, slot.started_at = read_fd, False, self._clock()
+        log.info("process %d started (pid %d)", slot.index, slot.proc.pid)
+
+    def _on_ready(self, fd: int, selector: selectors.BaseSelector) -> None:
+        slot = next(s for s in self._slots if s.ready_fd == fd)
+        try:
+            said = os.read(fd, 16)  # one byte when ready; end of file when it exited before
+        except BlockingIOError:
+            return
+        self._close_ready(slot, selector)
+        if said and slot.proc is not None:
+            slot.ready, slot.start_failures_in_a_row = True, 0
+            log.info("process %d ready (pid %d)", slot.index, slot.proc.pid)
+            if not self._all_ready_logged and all(s.ready for s in self._slots):
+                self._all_ready_logged = True
+                log.info("launch running: %d processes", len(self._slots))
+
+    def _on_exit(self, slot: Slot, selector: selectors.BaseSelector) -> int | None:
+        """Note the exit of ``slot``'s child and plan its restart; or, when it is time to give
+        up, the launch's exit code."""
+        assert slot.proc is not None
+        code, pid, ran = slot.proc.returncode, slot.proc.pid, self._clock() - slot.started_at
+        if slot.ready_fd is not None:
+            self._on_ready(slot.ready_fd, selector)  # a byte it wrote just before it exited
+        self._close_ready(slot, selector)
+        mark_process_dead(pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+        slot.proc = None
+        if slot.ready:
+            slot.start_failures_in_a_row = 0
+        else:
+            slot.start_failures_in_a_row += 1
+        healthy = slot.ready and ran >= self._policy.healthy_after_seconds
+        slot.exits_in_a_row = 1 if healthy else slot.exits_in_a_row + 1
+        if not slot.ready and code == EXIT_USAGE:
+            # The child refused the config (a secret its workers need, say): no retry mends it.
+            log.error("process %d (pid %d) refused the config: stopping the launch", slot.index,
+                      pid)  # fmt: skip
+            return EXIT_USAGE
+        if slot.start_failures_in_a_row >= self._policy.max_start_failures:
+            log.error("process %d (pid %d) exited %s before it was ready", slot.index, pid,
+                      _describe_exit(code))  # fmt: skip
+            log.error("process %d failed to start %d times in a row: stopping the launch",
+                      slot.index, slot.start_failures_in_a_row)  # fmt: skip
+            return 1
+        delay = self._policy.delay(slot.exits_in_a_row)
+        log.error(
+            "process %d (pid %d) exited %s %s; starting it again in %.1f s", slot.index, pid,
+            _describe_exit(code), f"after {ran:.1f} s" if slot.ready else "before it was ready",
+            delay,
+        )  # fmt: skip
+        slot.start_due = self._clock() + delay
+        return None
+
+    def _close_ready(self, slot: Slot, selector: selectors.BaseSelector) -> None:
+        if slot.ready_fd is not None:
+            selector.unregister(slot.ready_fd)
+            os.close(slot.ready_fd)
+            slot.ready_fd = None
+
+    # -- stopping --
+
+    def _shutdown(self, selector: selectors.BaseSelector) -> int:
+        name = signal.Signals(self._signals[0]).name
+        log.info("%s: stopping %d processes (grace %.1f s)", name,
+                 sum(s.proc is not None for s in self._slots), self._grace_seconds)  # fmt: skip
+        return 0 if self._stop_all(selector) else 1
+
+    def _stop_all(self, selector: selectors.BaseSelector) -> bool:
+        """SIGTERM every child, wait for them (passing on a second signal), kill the rest.
+        True when every child stopped by itself (exited 0, or on the SIGTERM itself)."""
+        forwarded = len(self._signals)
+        self._signal_children(signal.SIGTERM)
+        if self._listeners is not None:
+            # The children close their copies as they stop taking requests; with the parent's
+            # gone too, new connections are refused, as by a single process that stops.
+            self._listeners.close()
+        deadline = self._clock() + self._grace_seconds + self._margin_seconds
+        clean = True
+        while any(s.proc is not None for s in self._slots):
+            if self._clock() >= deadline:
+                log.error("processes still running after the grace period: killing them")
+                self._kill_all()
+                return False
+            if len(self._signals) > forwarded:
+                forwarded = len(self._signals)
+                log.warning("second signal: stopping the processes now")
+                self._signal_children(signal.SIGTERM)
+            time.sleep(0.05)
+            for slot in self._slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    code = slot.proc.returncode
+                    # A child still starting (no signal handler yet) ends on the signal itself.
+                    if code not in (0, -signal.SIGTERM):
+                        clean = False
+                        log.error("process %d (pid %d) exited %s while stopping", slot.index,
+                                  slot.proc.pid, _describe_exit(code))  # fmt: skip
+                    self._close_ready(slot, selector)
+                    slot.proc = None
+        return clean
+
+    def _signal_children(self, signum: int) -> None:
+        for slot in self._slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signum)
+
+    def _kill_all(self) -> None:
+        for slot in self._slots:
+            if slot.proc is not None:
+                if slot.proc.poll() is None:
+                    slot.proc.kill()
+                slot.proc.wait()
+                slot.proc = None
+            if slot.ready_fd is not None:
+                os.close(slot.ready_fd)
+                slot.ready_fd = None
+
+    # -- resources of the parent --
+
+    @contextlib.contextmanager
+    def _signal_wakeup(self) -> Iterator[int]:
+        """Note SIGTERM/SIGINT in ``self._signals``; the yielded fd becomes readable on one."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            self._signals.append(signum)
+
+        previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+        old_wakeup = signal.set_wakeup_fd(write_fd)
+        try:
+            yield read_fd
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            os.close(read_fd)
+            os.close(write_fd)
+
+    @contextlib.contextmanager
+    def _metrics_directory(self) -> Iterator[None]:
+        self._metrics_dir = tempfile.mkdtemp(prefix="notifier-metrics-")
+        try:
+            yield
+        finally:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
+
+
+def child_argv(config_path: str | None, roles: Sequence[str]) -> list[str]:
+    """How the parent starts a child: this interpreter, the same config and roles, one process."""
+    argv = [sys.executable, "-m", "notifier", "run", "--role", ",".join(roles), "--processes", "1"]
+    if config_path is not None:
+        argv += ["--config", config_path]
+    return argv
+
+
+def launch(
+    config_path: str | None,
+    roles: Sequence[str],
+    count: int,
+    *,
+    bind: str | None,
+    grace_seconds: float,
+) -> int:
+    """Run ``count`` processes of ``roles`` (the config already loaded and checked by the
+    caller); ``bind`` is the ingest address when a role serves it. The exit code."""
+    argv = child_argv(config_path, roles)
+    if bind is None:
+        log.info("launch: %d processes", count)
+        return Launch(argv, count, listeners=None, grace_seconds=grace_seconds).run()
+    with open_listeners(bind, {}) as listeners:
+        log.info("launch: %d processes, listening on %s", count, " ".join(listeners.binds))
+        return Launch(argv, count, listeners=listeners, grace_seconds=grace_seconds).run()
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM it when the parent dies (Linux)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"on signal {signal.Signals(-code).name}"
+    return f"with code {code}"
