@@ -2,8 +2,8 @@
 
 Unknown keys and wrong types are refused with the key's dotted path in the message. Database and
 broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
-the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``,
-``NOTIFIER_SENTRY_DSN``.
+the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``
+(the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``.
 """
 
 from __future__ import annotations
@@ -84,8 +84,15 @@ class DatabaseConfig(_Section, frozen=True):
     statement_timeout_seconds: DatabaseTimeout = 3.0
 
 
+AmqpUrl = Annotated[str, msgspec.Meta(pattern=r"^amqps?://")]
+
+
 class BrokerConfig(_Section, frozen=True):
-    url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    # One node, or the nodes of one cluster: each connection picks a node and moves to the next
+    # one that answers when its node is lost (docs/architecture.md §4).
+    url: AmqpUrl | Annotated[tuple[AmqpUrl, ...], msgspec.Meta(min_length=1)] = (
+        "amqp://guest:guest@127.0.0.1:5672/"
+    )
     queue_type: Literal["quorum", "classic"] = "quorum"
     publish_timeout_seconds: PositiveFloat = 10.0
     heartbeat_seconds: Annotated[int, msgspec.Meta(ge=10, le=30)] = 15
@@ -287,6 +294,14 @@ def _friendly(exc: msgspec.ValidationError) -> str:
     return f"{path or '(top level)'}: {text}"
 
 
+def _env_value(var: str, value: str) -> str | list[str]:
+    """``NOTIFIER_BROKER_URL`` holds one URL or several separated by commas (a comma in a
+    password is written ``%2C``); the other variables hold one value."""
+    if var == "NOTIFIER_BROKER_URL" and "," in value:
+        return [part.strip() for part in value.split(",")]
+    return value
+
+
 def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
     """Validate an already-parsed TOML document, after applying environment overrides."""
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
@@ -296,7 +311,7 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
             table = merged.setdefault(section, {})
             if not isinstance(table, dict):
                 raise ConfigError(f"{section}: expected a table")
-            table[key] = value
+            table[key] = _env_value(var, value)
     try:
         return msgspec.convert(merged, Config)
     except msgspec.ValidationError as exc:

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ import httpx
 import trio
 
 from notifier.adapters.webhook import generate_secret
+from notifier.broker.nodes import node_urls
 from notifier.testing import WebhookSink, open_sink
 from notifier.testing_smtp import SmtpSink, open_smtp_server
 from tests.chaos.ledger import Ledger, Report, check, send_events
@@ -70,7 +71,9 @@ def write_config(path: Path, sections: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def base_config(database_url: str, broker_url: str, port: int) -> dict[str, dict[str, Any]]:
+def base_config(
+    database_url: str, broker_url: str | Sequence[str], port: int
+) -> dict[str, dict[str, Any]]:
     """Fast retries and reconciliation, so a scenario heals in seconds, not minutes."""
     return {
         "service": {"shutdown_grace_seconds": 5},
@@ -232,14 +235,18 @@ async def drained(database_url: str) -> bool:
     return bool(row["outbox"] == 0 and row["open"] == 0)
 
 
-def busy_queues(vhost: str) -> dict[str, int]:
+ReadDepths = Callable[[str], dict[str, int]]
+
+
+def busy_queues(vhost: str, read_depths: ReadDepths = queue_depths) -> dict[str, int]:
     """The queues of ``vhost`` that still hold messages (ready or unacked), dead-letter queues
-    left out (they keep what died, on purpose)."""
-    return {q: n for q, n in queue_depths(vhost).items() if n and not q.endswith(".dead")}
+    left out (they keep what died, on purpose). ``read_depths`` reads them from the broker the
+    scenario runs on (the machine's, unless it brings its own)."""
+    return {q: n for q, n in read_depths(vhost).items() if n and not q.endswith(".dead")}
 
 
-async def queues_empty(vhost: str) -> bool:
-    return not await trio.to_thread.run_sync(busy_queues, vhost)
+async def queues_empty(vhost: str, read_depths: ReadDepths = queue_depths) -> bool:
+    return not await trio.to_thread.run_sync(busy_queues, vhost, read_depths)
 
 
 async def final_states(database_url: str) -> dict[str, tuple[str, str | None]]:
@@ -299,16 +306,24 @@ def crash_lines(log: str) -> list[str]:
 
 
 async def run_scenario(
-    scenario: Scenario, *, database_url: str, broker_url: str, vhost: str, tmp_path: Path
+    scenario: Scenario,
+    *,
+    database_url: str,
+    broker_url: str | Sequence[str],
+    vhost: str,
+    tmp_path: Path,
+    read_depths: ReadDepths = queue_depths,
 ) -> Outcome:
     """Trio-flavoured. Load → fault (mid-stream) → heal → drain → check; the service is always
-    stopped at the end."""
+    stopped at the end. ``broker_url`` may name a cluster's nodes (``read_depths`` then reads
+    that cluster's queues)."""
     async with open_fault_proxy("127.0.0.1", AMQP_PORT) as proxy:
         if scenario.broker_via_proxy:
             broker_url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/{vhost}"
         return await _run(
             scenario, database_url=database_url, broker_url=broker_url, vhost=vhost,
             tmp_path=tmp_path, proxy=proxy if scenario.broker_via_proxy else None,
+            read_depths=read_depths,
         )  # fmt: skip
 
 
@@ -338,10 +353,11 @@ async def _run(
     scenario: Scenario,
     *,
     database_url: str,
-    broker_url: str,
+    broker_url: str | Sequence[str],
     vhost: str,
     tmp_path: Path,
     proxy: FaultProxy | None,
+    read_depths: ReadDepths,
 ) -> Outcome:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -366,9 +382,10 @@ async def _run(
             async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=5) as api:
                 await _create_channels(api, sink, smtp)
                 ledger = Ledger()
-                context = Context(
-                    service, database_url, broker_url, vhost, base_url, ledger, sink, proxy
-                )
+                context = Context(  # a fault that needs every node has them from its cluster
+                    service, database_url, node_urls(broker_url)[0], vhost, base_url, ledger,
+                    sink, proxy,
+                )  # fmt: skip
                 # A fault scenario's last events wait for the heal: a quick fault must not
                 # outlast the load, or nothing would show the pipeline working after it.
                 healed = trio.Event()
@@ -392,7 +409,7 @@ async def _run(
             with trio.fail_after(DRAIN_TIMEOUT_SECONDS):
                 await poll(lambda: drained(database_url), interval_seconds=0.25)
                 # and no copy is left in a main or retry queue (a duplicate still to be acked)
-                await poll(lambda: queues_empty(vhost), interval_seconds=0.25)
+                await poll(lambda: queues_empty(vhost, read_depths), interval_seconds=0.25)
             service.timings.drain_seconds = trio.current_time() - loaded_at
             arrivals = [r.at for r in sink.received] + (
                 [m.at for m in smtp.received] if smtp else []

@@ -20,6 +20,7 @@ from notifier.bridge import aio, open_bridge
 from notifier.broker.amqp_base import broker_errors, close_quietly, wait_closing
 from notifier.broker.amqp_consumer import Consumer
 from notifier.broker.amqp_publisher import AmqpPublisher
+from notifier.broker.nodes import CHOOSER, BrokerUrls, node_address, node_urls
 from notifier.broker.topology import Topology
 from notifier.errors import BrokerError
 
@@ -64,9 +65,10 @@ def _with_heartbeat(url: str, heartbeat_seconds: int) -> str:
 class AmqpConnection:
     """Trio-flavoured wrapper of one aiormq connection. Create with ``open_connection``."""
 
-    def __init__(self, conn: aiormq.Connection, name: str) -> None:
+    def __init__(self, conn: aiormq.Connection, name: str, node: str = "") -> None:
         self._conn = conn
         self.name = name
+        self.node = node  # host:port/vhost of the node it is connected to
 
     async def declare(self, topology: Topology) -> None:
         """Trio-flavoured. Declare exchanges, queues and bindings; idempotent."""
@@ -132,37 +134,78 @@ class AmqpConnection:
 
 
 # A connection attempt that gets no answer (a broker that accepts TCP but never speaks, a
-# network that swallows packets) fails after this, so its component can try again.
+# network that swallows packets) fails after this, so its component can try again. With several
+# nodes, this bounds the attempt at all of them together.
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+async def _connect_one(url: str, name: str, heartbeat_seconds: int, within: float) -> Any:
+    """Trio-flavoured: an aiormq connection to one node, within ``within`` seconds."""
+    try:
+        with trio.fail_after(within), broker_errors("cannot connect to RabbitMQ"):
+            return await aio(
+                aiormq.connect,
+                _with_heartbeat(url, heartbeat_seconds),
+                client_properties={"connection_name": f"notifier {name}"},
+            )
+    except trio.TooSlowError as exc:
+        raise BrokerError(f"cannot connect to RabbitMQ: no answer in {within:g} s") from exc
+
+
+async def _connect(
+    urls: tuple[str, ...], name: str, heartbeat_seconds: int, timeout_seconds: float, level: int
+) -> tuple[Any, str]:
+    """Trio-flavoured: a connection to the first node that answers, in ``CHOOSER``'s order;
+    each attempt gets an equal share of the time left. Return it with the node's address."""
+    order = CHOOSER.order(name, len(urls))
+    deadline = trio.current_time() + timeout_seconds
+    failures: list[str] = []
+    for tried, index in enumerate(order):
+        address = node_address(urls[index])
+        left = timeout_seconds if tried == 0 else deadline - trio.current_time()
+        share = left / (len(order) - tried)
+        try:
+            conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
+        except BrokerError as exc:
+            if len(urls) == 1:
+                raise
+            failures.append(f"{address}: {exc}")
+            log.log(level, "%s: RabbitMQ node %s did not answer: %s", name, address, exc)
+            continue
+        CHOOSER.connected(name, index, len(urls))
+        return conn, address
+    raise BrokerError(f"no RabbitMQ node took the connection ({'; '.join(failures)})")
 
 
 @asynccontextmanager
 async def open_connection(
-    url: str,
+    url: BrokerUrls,
     *,
     name: str,
     heartbeat_seconds: int = 15,
     connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
+    short_lived: bool = False,
 ) -> AsyncIterator[AmqpConnection]:
     """Trio-flavoured. Connect to RabbitMQ (within ``connect_timeout_seconds``); close on exit
-    (unacked messages return to queues)."""
+    (unacked messages return to queues).
+
+    ``url`` is one node's URL or the URLs of a cluster's nodes: they are tried in turn, from
+    the node ``nodes.CHOOSER`` picks for ``name``, until one answers (docs/architecture.md §4).
+    The node it is on is logged (at DEBUG for a ``short_lived`` one, like a probe), and so is
+    a node that did not answer (a warning, unless ``short_lived``).
+    """
+    urls = node_urls(url)
+    level = logging.DEBUG if short_lived else logging.WARNING
     async with open_bridge():
+        conn, address = await _connect(
+            urls, name, heartbeat_seconds, connect_timeout_seconds, level
+        )
+        log.log(
+            logging.DEBUG if short_lived else logging.INFO,
+            "%s connected to RabbitMQ at %s", name, address,
+        )  # fmt: skip
         try:
-            with (
-                trio.fail_after(connect_timeout_seconds),
-                broker_errors("cannot connect to RabbitMQ"),
-            ):
-                conn: Any = await aio(
-                    aiormq.connect,
-                    _with_heartbeat(url, heartbeat_seconds),
-                    client_properties={"connection_name": f"notifier {name}"},
-                )
-        except trio.TooSlowError as exc:
-            raise BrokerError(
-                f"cannot connect to RabbitMQ: no answer in {connect_timeout_seconds:g} s"
-            ) from exc
-        try:
-            yield AmqpConnection(conn, name)
+            yield AmqpConnection(conn, name, address)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
@@ -171,24 +214,28 @@ async def open_connection(
                     log.debug("closing connection failed", exc_info=True)
 
 
-async def probe(url: str, *, timeout_seconds: float = 3.0) -> None:
+async def probe(url: BrokerUrls, *, timeout_seconds: float = 3.0) -> None:
     """Trio-flavoured. Connect and disconnect; raise ``BrokerError`` if RabbitMQ is unreachable."""
     with trio.move_on_after(timeout_seconds) as scope:
-        async with open_connection(url, name="probe"):
+        async with open_connection(
+            url, name="probe", connect_timeout_seconds=timeout_seconds, short_lived=True
+        ):
             return
     if scope.cancelled_caught:
         raise BrokerError("RabbitMQ did not answer in time")
 
 
 async def queue_depths(
-    url: str, queues: Sequence[str], *, timeout_seconds: float = 3.0
+    url: BrokerUrls, queues: Sequence[str], *, timeout_seconds: float = 3.0
 ) -> dict[str, int]:
     """Trio-flavoured. The number of ready messages in each of ``queues``, read with passive
     declares on a short connection of its own (for the metrics endpoint). A queue that does not
     exist (its topology was not declared yet) is left out. Raise ``BrokerError`` when RabbitMQ
     is unreachable or has not answered within ``timeout_seconds``."""
     with trio.move_on_after(timeout_seconds):
-        async with open_connection(url, name="metrics") as conn:
+        async with open_connection(
+            url, name="metrics", connect_timeout_seconds=timeout_seconds, short_lived=True
+        ) as conn:
             with broker_errors("reading queue depths failed"):
                 return await aio(_queue_depths_aio, conn._conn, queues)
     raise BrokerError("RabbitMQ did not answer in time")
