@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -266,14 +267,17 @@ async def test_an_unreachable_bot_api_is_retried_then_dead_without_the_token_in_
     database_url: str, broker_url: str
 ) -> None:
     key = await create_tenant(database_url)
-    async with open_fake_bot_api(TOKEN) as bot:
-        unreachable = bot.url  # the fake's port, closed again once the block ends
-    config = telegram_config(database_url, broker_url, unreachable, timeout_seconds=2)
-    async with run_notifier(config) as running, running.client(key) as api:
-        channel = await create_channel(api, 5, max_attempts=2)
-        ids = await post_event(api)
-        with trio.fail_after(30):
-            await wait_status(database_url, ids[channel], "DEAD")
+    # A port bound but not listening refuses connections, and nothing else can take it meanwhile
+    # (a port merely closed again could be bound by notifier's own ingest server).
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        unreachable = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        config = telegram_config(database_url, broker_url, unreachable, timeout_seconds=2)
+        async with run_notifier(config) as running, running.client(key) as api:
+            channel = await create_channel(api, 5, max_attempts=2)
+            ids = await post_event(api)
+            with trio.fail_after(30):
+                await wait_status(database_url, ids[channel], "DEAD")
     assert await outcomes(database_url, ids[channel]) == [(1, "retry"), (2, "dead")]
     row = await delivery(database_url, ids[channel])
     assert row["last_error"].startswith("connection failed: ConnectError")
