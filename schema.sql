@@ -193,35 +193,34 @@ CREATE UNLOGGED TABLE IF NOT EXISTS rate_buckets (
     full_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- Lock the buckets `keys`, in key order (concurrent takes cannot deadlock on them), creating the
--- missing ones new; then the time `at`, or Postgres's clock now (read once the locks are held).
+-- Lock the buckets `keys` (distinct), in key order (concurrent takes cannot deadlock on them),
+-- creating the missing ones new; then the time `at`, or Postgres's clock now (read once the
+-- locks are held).
 CREATE OR REPLACE FUNCTION notifier_rate_lock(keys text[], at double precision)
 RETURNS double precision
 LANGUAGE plpgsql AS $$
 DECLARE
-    wanted integer := cardinality(ARRAY(SELECT DISTINCT unnest(keys)));
     locked integer;
 BEGIN
-    FOR try IN 1..5 LOOP
-        WITH l AS (
-            SELECT 1 FROM rate_buckets WHERE key = ANY(keys) ORDER BY key FOR UPDATE
-        ) SELECT count(*) INTO locked FROM l;
-        IF locked = wanted THEN
+    FOR try IN 1..3 LOOP
+        PERFORM 1 FROM rate_buckets WHERE key = ANY(keys) ORDER BY key FOR UPDATE;
+        GET DIAGNOSTICS locked = ROW_COUNT;
+        IF locked = cardinality(keys) THEN
             RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
         END IF;
         INSERT INTO rate_buckets (key)
-        SELECT DISTINCT k FROM unnest(keys) k ORDER BY k
+        SELECT k FROM unnest(keys) k ORDER BY k
         ON CONFLICT (key) DO NOTHING;
     END LOOP;
-    RAISE EXCEPTION 'rate buckets %: could not lock them', keys;
+    RAISE EXCEPTION 'rate buckets %: could not lock them (a key given twice?)', keys;
 END;
 $$;
 
--- Take one token of each window bucket `keys[i]` (`tokens[i]` tokens, each back `periods[i]`
--- seconds after it was spent), all or none: 0 when taken, else the seconds until every one of
--- them has a token (nothing taken). notifier.ratelimit.TokenBucket states the same rule in
--- Python; tests/integration/test_rate_buckets.py holds the two to the same cases. `at` (tests
--- only) replaces Postgres's clock.
+-- Take one token of each window bucket `keys[i]` (distinct keys; `tokens[i]` tokens, each back
+-- `periods[i]` seconds after it was spent), all or none: 0 when taken, else the seconds until
+-- every one of them has a token (nothing taken). notifier.ratelimit.TokenBucket states the same
+-- rule in Python; tests/integration/test_rate_buckets.py holds the two to the same cases. `at`
+-- (tests only) replaces Postgres's clock.
 CREATE OR REPLACE FUNCTION notifier_rate_take(
     keys text[], tokens integer[], periods double precision[], at double precision DEFAULT NULL
 ) RETURNS double precision

@@ -144,3 +144,9 @@ async def test_maintenance_deletes_only_buckets_full_again_for_a_minute(
     assert kept == {"busy", "ingest"}
     assert await scalar(database_url, "SELECT relpersistence::text FROM pg_class"
                         " WHERE relname = 'rate_buckets'") == "u"  # fmt: skip
+
+
+async def test_a_key_given_twice_in_one_take_is_refused(database_url: str) -> None:
+    async with open_store(database_url) as store:
+        with pytest.raises(ValueError, match="twice"):
+            await store.take_tokens([Bucket("k", 1, 1.0), Bucket("k", 1, 1.0)])

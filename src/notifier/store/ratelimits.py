@@ -19,8 +19,11 @@ class RateLimitQueries(Queries):
         """One token of each bucket, all or none: 0.0 when taken, else the seconds to wait."""
         if not buckets:
             return 0.0
+        keys = [b.key for b in buckets]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"a key twice in one take: {keys}")
         wait = await self._pool.fetchval(
-            Q["rate_take"], [b.key for b in buckets], [b.tokens for b in buckets],
+            Q["rate_take"], keys, [b.tokens for b in buckets],
             [float(b.period) for b in buckets],
         )  # fmt: skip
         return float(wait)
