@@ -1,12 +1,16 @@
 """The shared rate-limit buckets in a migrated database: the SQL functions keep the rules of their
 Python statements (``notifier.ratelimit.TokenBucket``, ``RefillingBucket``) case by case on
 given times; the store's takes are atomic under concurrency (one token is taken once, several
-buckets all or none); maintenance deletes only buckets full again for a while."""
+buckets all or none); maintenance deletes only buckets full again for a while; ``notifier
+migrate`` brings a database from before the limits up to date."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import uuid
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,6 +20,7 @@ import trio
 from notifier.ratelimit import Bucket, RefillingBucket, TokenBucket
 from notifier.store import open_store
 from tests.integration.conftest import scalar, sql
+from tests.integration.test_cli import config_file, notifier
 
 WINDOWS = {"a": (1, 1.0), "b": (3, 2.0), "c": (30, 1.0)}  # key: (tokens, period)
 
@@ -150,3 +155,32 @@ async def test_a_key_given_twice_in_one_take_is_refused(database_url: str) -> No
     async with open_store(database_url) as store:
         with pytest.raises(ValueError, match="twice"):
             await store.take_tokens([Bucket("k", 1, 1.0), Bucket("k", 1, 1.0)])
+
+
+async def test_migrate_adds_the_limits_to_an_older_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    tenant, channel = uuid.uuid4(), uuid.uuid4()
+    await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
+              tenant)  # fmt: skip
+    await sql(
+        database_url,
+        "INSERT INTO channels (id, tenant_id, type, config) VALUES ($1, $2, 'webhook', $3)",
+        channel, tenant, json.dumps({"url": "https://example.com"}),
+    )  # fmt: skip
+    for statement in (
+        "DROP TABLE rate_buckets",
+        "DROP FUNCTION notifier_rate_take",
+        "DROP FUNCTION notifier_rate_admit",
+        "DROP FUNCTION notifier_rate_lock",
+        "ALTER TABLE channels DROP COLUMN rate_limit_per_second",
+    ):
+        await sql(database_url, statement)
+    done = notifier("migrate", "--config", str(config_file(tmp_path, database_url)))
+    assert done.returncode == 0, done.stderr
+    assert await scalar(
+        database_url, "SELECT rate_limit_per_second FROM channels WHERE id = $1", channel
+    ) is None  # fmt: skip
+    assert await scalar(
+        database_url, "SELECT notifier_rate_take(ARRAY['k'], ARRAY[1], ARRAY[1.0])"
+    ) == 0.0  # fmt: skip
