@@ -59,14 +59,14 @@ def _roles(value: str) -> list[str]:
 
 
 async def _migrate(config: Config) -> None:
-    async with open_store(config.database.url, max_size=2) as store:
+    async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
         await store.migrate()
     print("schema is up to date")
 
 
 async def _tenant_create(config: Config, name: str) -> None:
     api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-    async with open_store(config.database.url, max_size=2) as store:
+    async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
         tenant_id = await store.create_tenant(name, hash_api_key(api_key))
     print(json.dumps({"id": str(tenant_id), "name": name, "api_key": api_key}))
 

@@ -2,7 +2,8 @@
 
 Unknown keys and wrong types are refused with the key's dotted path in the message. Database and
 broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
-the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_BROKER_URL``, ``NOTIFIER_SENTRY_DSN``.
+the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``,
+``NOTIFIER_SENTRY_DSN``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from notifier.validation import locate
 CONFIG_ENV = "NOTIFIER_CONFIG"
 ENV_OVERRIDES = {
     "NOTIFIER_DATABASE_URL": ("database", "url"),
+    "NOTIFIER_DATABASE_LISTEN_URL": ("database", "listen_url"),
     "NOTIFIER_BROKER_URL": ("broker", "url"),
     "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
 }
@@ -49,6 +51,14 @@ DatabaseTimeout = Annotated[float, msgspec.Meta(ge=0.001, le=3600)]
 
 class DatabaseConfig(_Section, frozen=True):
     url: str = "postgresql://postgres@127.0.0.1:5432/notifier"
+    # What sits between notifier and Postgres at `url`: "none" (Postgres itself, or PgBouncer
+    # in session pooling mode) or "pgbouncer" (PgBouncer in transaction pooling mode: no
+    # prepared statement cache, the statement timeout set per transaction, no LISTEN on `url`).
+    pooler: Literal["none", "pgbouncer"] = "none"
+    # A direct connection to Postgres (not through a transaction pooler) for the outbox
+    # doorbell's LISTEN; "" = LISTEN on `url` when pooler is "none", and no LISTEN at all (the
+    # relay polls every relay.poll_interval_seconds) when it is "pgbouncer".
+    listen_url: str = ""
     pool_max_size: Positive = 20
     connect_timeout_seconds: PositiveFloat = 5.0
     # Every store call waits at most this long for a pooled connection, then each of its

@@ -97,7 +97,8 @@ async def run(
     async with open_store(
         db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds,
         acquire_timeout_seconds=db.acquire_timeout_seconds,
-        statement_timeout_seconds=db.statement_timeout_seconds,
+        statement_timeout_seconds=db.statement_timeout_seconds, pooler=db.pooler,
+        listen_dsn=db.listen_url,
     ) as store:  # fmt: skip
         async with trio.open_nursery() as root:
             root.start_soon(_stop_on_signals, stop, root.cancel_scope)

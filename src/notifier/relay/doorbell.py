@@ -3,7 +3,9 @@
 The relay polls the outbox every ``poll_interval_seconds`` whatever happens; a NOTIFY only
 wakes it sooner. So losing the LISTEN connection (a terminated backend, a Postgres restart) is
 no reason to stop relaying: the relay goes on polling while ``keep_listening`` opens a new
-LISTEN connection in the background, with a small backoff of its own.
+LISTEN connection in the background, with a small backoff of its own. Behind PgBouncer in
+transaction pooling mode without ``database.listen_url`` there is nothing to LISTEN on: the
+store's doorbell then never rings nor is lost, and the relay only polls.
 """
 
 from __future__ import annotations

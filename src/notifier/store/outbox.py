@@ -55,15 +55,25 @@ class OutboxQueries(Queries):
     @asynccontextmanager
     async def open_doorbell(self) -> AsyncIterator[Doorbell]:
         """Trio-flavoured. LISTEN on the outbox channel on a connection of its own; the bell
-        says when that connection is lost (the relay then listens again with a new one)."""
+        says when that connection is lost (the relay then listens again with a new one).
+
+        Without a DSN to LISTEN on (behind a transaction pooler with no ``listen_url``) the
+        bell never rings and is never lost: the relay polls."""
         bell = Doorbell()
+        if self._listen_dsn is None:
+            log.info(
+                "no LISTEN through a transaction pooler and no database.listen_url: the relay "
+                "polls the outbox every relay.poll_interval_seconds"
+            )
+            yield bell
+            return
         token = trio.lowlevel.current_trio_token()
 
         def on_notify(*_: object) -> None:  # asyncio-flavoured callback
             token.run_sync_soon(bell.ring)
 
         try:
-            conn: asyncpg.Connection = await aio(asyncpg.connect, self._dsn, timeout=10)
+            conn: asyncpg.Connection = await aio(asyncpg.connect, self._listen_dsn, timeout=10)
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
         try:

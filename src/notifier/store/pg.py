@@ -22,7 +22,7 @@ from notifier.store.deliveries import DeliveryQueries
 from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
 from notifier.store.outbox import OutboxQueries
-from notifier.store.pool import create_pool
+from notifier.store.pool import Pooler, create_pool
 from notifier.store.ratelimits import RateLimitQueries
 
 
@@ -47,19 +47,26 @@ async def open_store(
     connect_timeout_seconds: float = 5.0,
     acquire_timeout_seconds: float = 1.0,
     statement_timeout_seconds: float = 3.0,
+    pooler: Pooler = "none",
+    listen_dsn: str = "",
 ) -> AsyncIterator[Store]:
     """Trio-flavoured. Open the bridge (if needed) and a pool; close it on exit.
 
     A store call waits at most ``acquire_timeout_seconds`` for a connection, and each statement
-    runs at most ``statement_timeout_seconds`` (see ``notifier.store.pool``)."""
+    runs at most ``statement_timeout_seconds`` (see ``notifier.store.pool``). ``pooler`` says
+    what ``dsn`` reaches (``"pgbouncer"``: PgBouncer in transaction pooling mode). The outbox
+    doorbell LISTENs on ``listen_dsn``, else on ``dsn`` — but never through a transaction
+    pooler, where a LISTEN would be lost with the transaction: there, without ``listen_dsn``,
+    the relay only polls."""
+    listen = listen_dsn or (dsn if pooler == "none" else None)
     async with open_bridge():
         pool, bounded = await create_pool(
             dsn, max_size=max_size, connect_timeout_seconds=connect_timeout_seconds,
             acquire_timeout_seconds=acquire_timeout_seconds,
-            statement_timeout_seconds=statement_timeout_seconds,
+            statement_timeout_seconds=statement_timeout_seconds, pooler=pooler,
         )  # fmt: skip
         try:
-            yield Store(bounded, dsn)
+            yield Store(bounded, listen)
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(10) as closing:

@@ -6,13 +6,24 @@ timeout, and every statement by the statement timeout — on the server (Postgre
 the connection stays usable) and, a moment later, on the client (for when the server cannot
 answer at all, e.g. a stalled network path: the connection is closed). Either way the caller gets
 ``StoreUnavailable`` within a few seconds.
+
+Behind PgBouncer in transaction pooling mode (``pooler="pgbouncer"``) a client's consecutive
+transactions may each run on another server connection, and PgBouncer refuses startup
+parameters such as ``statement_timeout``. So there: no statement cache (asyncpg then parses each
+statement afresh, unnamed, in the same round trip as its execution, never relying on a
+statement prepared earlier), and the server-side timeout comes with every transaction as
+``SET LOCAL statement_timeout`` — a statement outside one runs in a transaction of its own — so
+it always holds and ends with the transaction: a server connection handed to other clients
+keeps no setting of ours. ``SET`` (session level), session advisory locks and ``LISTEN`` are
+never used on a pooled connection, whatever the pooler.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable
-from typing import Any, TypeVar, cast
+import re
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Literal, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -28,6 +39,11 @@ T = TypeVar("T")
 # that can answer cancels the statement itself (and the connection is kept).
 CLIENT_GRACE_SECONDS = 0.5
 
+Pooler = Literal["none", "pgbouncer"]
+
+# How asyncpg's ``Transaction.start`` opens a top-level transaction: one simple query.
+_BEGIN = re.compile(r"BEGIN( [A-Z ]+)?;", re.ASCII)
+
 
 class _Connection(asyncpg.Connection):
     """Asyncio-flavoured. An asyncpg connection that closes itself when a statement times out.
@@ -38,7 +54,14 @@ class _Connection(asyncpg.Connection):
     path to Postgres is what stalls, neither ever comes, and each of those waits would take
     another full timeout. A connection whose statement timed out is in an unknown state anyway:
     close it at once; the pool opens a fresh one when it needs one.
+
+    ``_per_transaction`` (set on a subclass made by ``create_pool``) is SQL sent with every
+    transaction's ``BEGIN``, in the same round trip, and a statement outside a transaction gets
+    a transaction of its own: behind a transaction pooler, that is the only session the
+    server connection is ours for.
     """
+
+    _per_transaction = ""
 
     def get_reset_query(self) -> str:
         # What the pool sends when a connection is given back, one more round trip per store
@@ -55,23 +78,50 @@ class _Connection(asyncpg.Connection):
             self.terminate()
             raise
 
-    async def execute(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().execute(*args, **kwargs))
+    async def _bounded(self, statement: Coroutine[Any, Any, T]) -> T:
+        """``statement``, in a transaction of its own when ``_per_transaction`` asks for one
+        and none is open."""
+        if not self._per_transaction or self.is_in_transaction():
+            return await self._closing_on_timeout(statement)
+        tx = self.transaction()
+        try:
+            await tx.start()
+        except BaseException:
+            statement.close()
+            raise
+        try:
+            result = await self._closing_on_timeout(statement)
+        except BaseException:
+            if not self.is_closed():
+                try:
+                    await tx.rollback()
+                except Exception:  # never instead of the statement's own error
+                    self.terminate()  # in an unknown state: the pool opens a fresh one
+            raise
+        await tx.commit()
+        return result
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        top_level_begin = not args and _BEGIN.fullmatch(query) and not self.is_in_transaction()
+        if self._per_transaction and top_level_begin:  # asyncpg's Transaction.start
+            query = f"{query} {self._per_transaction}"
+            return await self._closing_on_timeout(super().execute(query, **kwargs))
+        return await self._bounded(super().execute(query, *args, **kwargs))
 
     async def executemany(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().executemany(*args, **kwargs))
+        return await self._bounded(super().executemany(*args, **kwargs))
 
     async def fetch(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().fetch(*args, **kwargs))
+        return await self._bounded(super().fetch(*args, **kwargs))
 
     async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().fetchrow(*args, **kwargs))
+        return await self._bounded(super().fetchrow(*args, **kwargs))
 
     async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().fetchval(*args, **kwargs))
+        return await self._bounded(super().fetchval(*args, **kwargs))
 
     async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._closing_on_timeout(super().fetchmany(*args, **kwargs))
+        return await self._bounded(super().fetchmany(*args, **kwargs))
 
 
 class LongStatements:
@@ -140,16 +190,31 @@ async def create_pool(
     connect_timeout_seconds: float,
     acquire_timeout_seconds: float,
     statement_timeout_seconds: float,
+    pooler: Pooler = "none",
 ) -> tuple[asyncpg.Pool, Pool]:
     """Trio-flavoured (the bridge must be open). The asyncpg pool, to close, and the bounded
-    ``Pool`` over it: each statement runs at most ``statement_timeout_seconds``."""
+    ``Pool`` over it: each statement runs at most ``statement_timeout_seconds``.
+
+    With ``pooler="none"`` the timeout is a startup parameter, set once per connection. With
+    ``"pgbouncer"`` (transaction pooling) it is ``SET LOCAL`` in every transaction instead —
+    PgBouncer refuses the startup parameter, and letting it ignore the parameter would silently
+    drop the timeout — and the statement cache is off (see the module's docstring)."""
     statement_ms = max(1, math.ceil(statement_timeout_seconds * 1000))
+    connection_class: type[_Connection] = _Connection
+    server_settings: dict[str, str] = {"statement_timeout": str(statement_ms)}
+    cache_size = 100  # asyncpg's default
+    if pooler == "pgbouncer":
+        per_transaction = f"SET LOCAL statement_timeout = {statement_ms};"
+        connection_class = type(
+            "_PooledConnection", (_Connection,), {"_per_transaction": per_transaction}
+        )
+        server_settings, cache_size = {}, 0
     try:
         pool = await aio(
             asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
             timeout=connect_timeout_seconds, init=_init_connection,
-            connection_class=_Connection,
-            server_settings={"statement_timeout": str(statement_ms)},
+            connection_class=connection_class, server_settings=server_settings,
+            statement_cache_size=cache_size,
             command_timeout=statement_timeout_seconds + CLIENT_GRACE_SECONDS,
         )  # fmt: skip
     except UNAVAILABLE as exc:
@@ -161,8 +226,9 @@ async def create_pool(
 
 class Queries:
     """The base of the store's query classes, one for each role (composed into ``Store``):
-    the bounded pool, and the DSN for a connection of its own (the outbox doorbell)."""
+    the bounded pool, and the DSN for a connection of its own, the outbox doorbell's LISTEN
+    (``None``: no LISTEN, the relay polls)."""
 
-    def __init__(self, pool: Pool, dsn: str) -> None:
+    def __init__(self, pool: Pool, listen_dsn: str | None) -> None:
         self._pool = pool
-        self._dsn = dsn
+        self._listen_dsn = listen_dsn
