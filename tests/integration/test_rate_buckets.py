@@ -1,8 +1,9 @@
 """The shared rate-limit buckets in a migrated database: the SQL functions keep the rules of their
 Python statements (``notifier.ratelimit.TokenBucket``, ``RefillingBucket``) case by case on
 given times; the store's takes are atomic under concurrency (one token is taken once, several
-buckets all or none); maintenance deletes only buckets full again for a while; ``notifier
-migrate`` brings a database from before the limits up to date."""
+buckets all or none), also through PgBouncer in transaction pooling; maintenance deletes only
+buckets full again for a while; ``notifier migrate`` brings a database from before the limits up
+to date."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from notifier.ratelimit import Bucket, RefillingBucket, TokenBucket
 from notifier.store import open_store
 from tests.integration.conftest import scalar, sql
 from tests.integration.test_cli import config_file, notifier
+from tests.pgbouncer import pgbouncer_instance
 
 WINDOWS = {"a": (1, 1.0), "b": (3, 2.0), "c": (30, 1.0)}  # key: (tokens, period)
 
@@ -184,3 +186,24 @@ async def test_migrate_adds_the_limits_to_an_older_database(
     assert await scalar(
         database_url, "SELECT notifier_rate_take(ARRAY['k'], ARRAY[1], ARRAY[1.0])"
     ) == 0.0  # fmt: skip
+
+
+async def test_the_buckets_hold_through_pgbouncer_in_transaction_pooling(
+    database_url: str,
+) -> None:
+    chat = Bucket("chat", 1, 60.0)
+    with pgbouncer_instance(pool_size=2) as bouncer:
+        await bouncer.start()
+        url = bouncer.url(database_url.rsplit("/", 1)[1])
+        async with open_store(url, max_size=6, pooler="pgbouncer") as store:
+            waits: list[float] = []
+
+            async def take() -> None:
+                waits.append(await store.take_tokens([chat, Bucket("bot", 30, 1.0)]))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):  # concurrent: on both server connections
+                    nursery.start_soon(take)
+            assert waits.count(0.0) == 1
+            assert await store.admit("ingest", 2, capacity=2, rate=0.01) == 0.0
+            assert await store.admit("ingest", 1, capacity=2, rate=0.01) > 90
