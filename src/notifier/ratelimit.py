@@ -146,3 +146,42 @@ class RefillingBucket:
         if self.wait(now, count) > 0:
             raise RuntimeError("not enough tokens: call wait() first")
         self._tokens = max(0.0, self._tokens - count)
+
+
+class Refusals:
+    """What a process remembers of the takes it was refused: for a set of buckets, the time
+    until which none of them can be taken together. A take of the same buckets before then is
+    refused here, without a statement, with the time that is left.
+
+    That never lets more through than the shared buckets would, and refuses nothing they would
+    have granted: a token comes back only at its time, and nothing any process does brings it
+    back sooner (taking only spends more; maintenance deletes only full buckets). Times are the
+    caller's clock, read *before* the refused take, so the remembered time is never later than
+    the buckets' own. Entries past their time are forgotten once more than ``max_entries`` are
+    kept.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._until: dict[tuple[Bucket, ...], float] = {}
+        self._max = max_entries
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def wait(self, buckets: tuple[Bucket, ...], now: float) -> float:
+        """Seconds still to wait for ``buckets`` (0.0: ask the shared buckets)."""
+        until = self._until.get(buckets)
+        if until is None:
+            return 0.0
+        if until <= now:
+            del self._until[buckets]
+            return 0.0
+        return until - now
+
+    def refused(self, buckets: tuple[Bucket, ...], asked_at: float, wait: float) -> None:
+        """A take of ``buckets`` asked at ``asked_at`` was refused for ``wait`` seconds."""
+        if len(self._until) >= self._max:
+            self._until = {b: t for b, t in self._until.items() if t > asked_at}
+            if len(self._until) >= self._max:
+                return  # all still current: remembering one more is not worth unbounded memory
+        self._until[buckets] = asked_at + wait

@@ -243,6 +243,29 @@ async def test_a_channels_rate_limit_paces_its_deliveries_without_using_attempts
     ]  # fmt: skip
 
 
+async def test_a_refused_take_is_answered_again_without_asking_until_its_time(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig()
+    channel_id = uuid.uuid4()
+    messages = [message(n, channel_id=channel_id) for n in range(1, 5)]
+    for m in messages:
+        rig.store.add(m.delivery_id, rate_limit_per_second=0.5)  # one every 2 s
+    first, second, third, fourth = messages
+    assert await rig.handle(first) is Settle.ACK  # taken
+    assert await rig.handle(second) is Settle.ACK  # refused by the buckets: wait 2 s
+    await trio.sleep(1.5)
+    assert await rig.handle(third) is Settle.ACK  # refused here: 0.5 s left, no statement
+    assert len(rig.buckets.takes) == 2
+    await trio.sleep(0.5)
+    assert await rig.handle(fourth) is Settle.ACK  # its time: the buckets are asked, and give
+    assert len(rig.buckets.takes) == 3
+    assert rig.adapter.messages == [first, fourth]
+    limited = [r for r in rig.store.attempts if r.outcome == "rate_limited"]
+    assert [r.delivery_id for r in limited] == [second.delivery_id, third.delivery_id]
+    assert limited[1].error == "rate limited: wait 0.5 s"
+
+
 async def test_channels_are_limited_apart(mock_clock: trio.testing.MockClock) -> None:
     rig = Rig()
     first, second = message(1, channel_id=uuid.uuid4()), message(2, channel_id=uuid.uuid4())

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from notifier.ratelimit import MAX_WINDOW_TOKENS, Bucket, RefillingBucket, TokenBucket
+from notifier.ratelimit import MAX_WINDOW_TOKENS, Bucket, RefillingBucket, Refusals, TokenBucket
 from notifier.testing.buckets import MemoryBuckets
 
 
@@ -100,3 +100,26 @@ async def test_memory_buckets_admit_from_a_refilling_bucket(
     assert await buckets.admit("other", 3, capacity=3, rate=2.0) == 0.0  # its own bucket
     mock_clock.jump(0.5)
     assert await buckets.admit("t", 1, capacity=3, rate=2.0) == 0.0
+
+
+def test_refusals_answer_until_their_time_then_forget() -> None:
+    refusals = Refusals()
+    chat, bot = Bucket("chat", 1, 1.0), Bucket("bot", 30, 1.0)
+    assert refusals.wait((chat, bot), 10.0) == 0.0
+    refusals.refused((chat, bot), 10.0, 0.75)
+    assert refusals.wait((chat, bot), 10.5) == pytest.approx(0.25)
+    assert refusals.wait((chat,), 10.5) == 0.0  # another set of buckets: ask the store
+    assert refusals.wait((Bucket("chat", 2, 1.0), bot), 10.5) == 0.0  # other parameters too
+    assert refusals.wait((chat, bot), 10.75) == 0.0
+    assert len(refusals) == 0
+
+
+def test_refusals_keep_their_memory_bounded() -> None:
+    refusals = Refusals(max_entries=3)
+    for n in range(3):
+        refusals.refused((Bucket(f"k{n}", 1, 1.0),), 0.0, 1.0)
+    refusals.refused((Bucket("late", 1, 1.0),), 0.5, 1.0)  # all still current: not kept
+    assert len(refusals) == 3
+    assert refusals.wait((Bucket("late", 1, 1.0),), 0.5) == 0.0
+    refusals.refused((Bucket("later", 1, 1.0),), 2.0, 1.0)  # the others are past: forgotten
+    assert len(refusals) == 1

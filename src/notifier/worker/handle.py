@@ -34,7 +34,7 @@ from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
-from notifier.ratelimit import Bucket, SharedBuckets
+from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 from notifier.worker.observe import UNDECODABLE, Observers, Outcome, OutcomeObserver
@@ -96,6 +96,7 @@ class Handler:
         self._adapter = adapter
         self._limiter = adapter if isinstance(adapter, RateLimiter) else None
         self._limits = limits
+        self._refusals = Refusals()  # refused takes, answered again here until their time
         self._publish = publish
         self._timeout = timeout_seconds
         self._policy = policy
@@ -233,7 +234,8 @@ class Handler:
     async def _rate_limit_wait(self, message: WorkerMessage, channel_rate: float | None) -> float:
         """Take a token of every bucket the message needs (the channel's, the adapter's), all
         or none, in one statement; 0.0 when taken (or none is needed), else the seconds to wait.
-        A message that needs none costs nothing."""
+        A message that needs none costs nothing, and neither does one whose buckets were
+        refused a moment ago and cannot have a token yet (``Refusals``)."""
         buckets: list[Bucket] = []
         if channel_rate is not None:
             buckets.append(Bucket.per_second(f"channel:{message.channel_id}", channel_rate))
@@ -243,7 +245,14 @@ class Handler:
             return 0.0
         if self._limits is None:
             raise RuntimeError("rate limits apply but the handler has no buckets to take them")
-        return await self._limits.take_tokens(buckets)
+        key = tuple(buckets)
+        asked_at = trio.current_time()
+        if wait := self._refusals.wait(key, asked_at):
+            return wait
+        wait = await self._limits.take_tokens(buckets)
+        if wait > 0:
+            self._refusals.refused(key, asked_at, wait)
+        return wait
 
     async def _attempt(self, message: WorkerMessage, channel_rate: float | None) -> Attempted:
         """Take the rate limits, then call the adapter; turn whatever happens into
