@@ -153,8 +153,8 @@ class Refusals:
     until which none of them can be taken together. A take of the same buckets before then is
     refused here, without a statement, with the time that is left.
 
-    That never lets more through than the shared buckets would, and refuses nothing they would
-    have granted: a token comes back only at its time, and nothing any process does brings it
+    That never lets anything through, and refuses nothing the shared buckets would have
+    granted (the wait it answers may be shorter than theirs, if others took since): a token comes back only at its time, and nothing any process does brings it
     back sooner (taking only spends more; maintenance deletes only full buckets). Times are the
     caller's clock, read *before* the refused take, so the remembered time is never later than
     the buckets' own. Entries past their time are forgotten once more than ``max_entries`` are
