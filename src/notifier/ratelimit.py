@@ -154,11 +154,11 @@ class Refusals:
     refused here, without a statement, with the time that is left.
 
     That never lets anything through, and refuses nothing the shared buckets would have
-    granted (the wait it answers may be shorter than theirs, if others took since): a token comes back only at its time, and nothing any process does brings it
-    back sooner (taking only spends more; maintenance deletes only full buckets). Times are the
-    caller's clock, read *before* the refused take, so the remembered time is never later than
-    the buckets' own. Entries past their time are forgotten once more than ``max_entries`` are
-    kept.
+    granted (the wait it answers may be shorter than theirs, if others took since): a token
+    comes back only at its time, and nothing any process does brings it back sooner (taking
+    only spends more; maintenance deletes only full buckets). Times are the caller's clock,
+    read *before* the refused take, so the remembered time is never later than the buckets'
+    own. Entries past their time are forgotten once more than ``max_entries`` are kept.
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
