@@ -31,6 +31,10 @@ ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_at timestamptz NULL;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS failing_since timestamptz NULL;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS last_success_at timestamptz NULL;
+-- At most this many deliveries per second to the channel, across every worker process (a
+-- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision NULL
+    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second > 0);
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
@@ -171,4 +175,110 @@ $$;
 CREATE OR REPLACE FUNCTION notifier_channel_state(c channels) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
+$$;
+
+-- Rate limits shared by every process (notifier/ratelimit.py, docs/architecture.md §5): one row
+-- per bucket, named by `key` (`telegram:<bot>:chat:<chat>`, `channel:<id>`, `ingest:<tenant>`).
+-- Times are seconds since the epoch on Postgres's clock, so the processes' clocks do not matter.
+-- A "window" bucket keeps in `spent` when each of its tokens still out was spent (each comes back
+-- `period` seconds later); a "refilling" bucket keeps its theoretical arrival time `tat` (GCRA).
+-- `full_at`: from then on the bucket is the same as a new one, and maintenance deletes it.
+-- UNLOGGED: buckets are soft state written on every limited delivery, and sparing them the WAL
+-- is worth it; a crash (or a failover) empties the table, which lets one burst more through.
+-- No index but the key, so every write of a bucket is a HOT update.
+CREATE UNLOGGED TABLE IF NOT EXISTS rate_buckets (
+    key      text PRIMARY KEY,
+    spent    double precision[] NOT NULL DEFAULT '{}',
+    tat      double precision NULL,
+    full_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Lock the buckets `keys` (distinct), in key order (concurrent takes cannot deadlock on them),
+-- creating the missing ones new; then the time `at`, or Postgres's clock now (read once the
+-- locks are held).
+CREATE OR REPLACE FUNCTION notifier_rate_lock(keys text[], at double precision)
+RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    locked integer;
+BEGIN
+    FOR try IN 1..3 LOOP
+        PERFORM 1 FROM rate_buckets WHERE key = ANY(keys) ORDER BY key FOR UPDATE;
+        GET DIAGNOSTICS locked = ROW_COUNT;
+        IF locked = cardinality(keys) THEN
+            RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
+        END IF;
+        INSERT INTO rate_buckets (key)
+        SELECT k FROM unnest(keys) k ORDER BY k
+        ON CONFLICT (key) DO NOTHING;
+    END LOOP;
+    RAISE EXCEPTION 'rate buckets %: could not lock them (a key given twice?)', keys;
+END;
+$$;
+
+-- Take one token of each window bucket `keys[i]` (distinct keys; `tokens[i]` tokens, each back
+-- `periods[i]` seconds after it was spent), all or none: 0 when taken, else the seconds until
+-- every one of them has a token (nothing taken). notifier.ratelimit.TokenBucket states the same
+-- rule in Python; tests/integration/test_rate_buckets.py holds the two to the same cases. `at`
+-- (tests only) replaces Postgres's clock.
+CREATE OR REPLACE FUNCTION notifier_rate_take(
+    keys text[], tokens integer[], periods double precision[], at double precision DEFAULT NULL
+) RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := notifier_rate_lock(keys, at);
+    wait double precision;
+BEGIN
+    SELECT coalesce(max(CASE WHEN cardinality(s.kept) < s.tokens THEN 0
+                             ELSE greatest(0, s.kept[cardinality(s.kept) - s.tokens + 1]
+                                              + s.period - now_s) END), 0)
+    INTO wait
+    FROM (
+        SELECT i.tokens, i.period,
+               ARRAY(SELECT t FROM unnest(b.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
+                   AS kept
+        FROM unnest(keys, tokens, periods) AS i(key, tokens, period)
+        JOIN rate_buckets b ON b.key = i.key
+    ) s;
+    IF wait > 0 THEN
+        RETURN wait;
+    END IF;
+    UPDATE rate_buckets b SET
+        spent = s.kept[greatest(1, cardinality(s.kept) + 2 - s.tokens):] || now_s,
+        full_at = to_timestamp(now_s + s.period)
+    FROM (
+        SELECT i.key, i.tokens, i.period,
+               ARRAY(SELECT t FROM unnest(b2.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
+                   AS kept
+        FROM unnest(keys, tokens, periods) AS i(key, tokens, period)
+        JOIN rate_buckets b2 ON b2.key = i.key
+    ) s
+    WHERE b.key = s.key;
+    RETURN 0;
+END;
+$$;
+
+-- Take `n` tokens of the refilling bucket `bucket` (`capacity` tokens, `rate` back per second;
+-- a GCRA: the bucket keeps the time `tat` it will be full again): 0 when taken, else the seconds
+-- until there are `n` (nothing taken). notifier.ratelimit.RefillingBucket states the same rule
+-- in Python. `at` (tests only) replaces Postgres's clock.
+CREATE OR REPLACE FUNCTION notifier_rate_admit(
+    bucket text, capacity integer, rate double precision, n integer,
+    at double precision DEFAULT NULL
+) RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := notifier_rate_lock(ARRAY[bucket], at);
+    next_tat double precision;
+    wait double precision;
+BEGIN
+    SELECT greatest(coalesce(b.tat, now_s), now_s) + n / rate INTO next_tat
+    FROM rate_buckets b WHERE b.key = bucket;
+    wait := next_tat - now_s - capacity / rate;
+    IF wait > 1e-9 / rate THEN
+        RETURN wait;
+    END IF;
+    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(next_tat) WHERE key = bucket;
+    RETURN 0;
+END;
 $$;

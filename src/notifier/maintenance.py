@@ -12,6 +12,8 @@ Every ``interval_seconds`` one pass:
   deleted with their deliveries and attempts, in small batches (one short transaction each).
 - **outbox hygiene**: outbox rows whose delivery is finished or gone are deleted; rows the
   broker keeps refusing are reported.
+- **rate buckets**: shared rate-limit buckets full again for a minute are deleted (a new bucket
+  is the same), so the table holds only the keys in use.
 
 Several processes may run it at once: every statement claims its rows ``SKIP LOCKED``.
 """
@@ -44,6 +46,8 @@ class MaintenanceStore(Protocol):
 
     async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]: ...
 
+    async def clean_rate_buckets(self, *, limit: int) -> int: ...
+
 
 class PassResult(msgspec.Struct, kw_only=True):
     """What one maintenance pass did."""
@@ -52,6 +56,7 @@ class PassResult(msgspec.Struct, kw_only=True):
     expired: int = 0
     outbox_cleaned: int = 0
     outbox_refused: int = 0
+    rate_buckets_cleaned: int = 0
 
 
 async def maintenance_pass(
@@ -95,6 +100,15 @@ async def maintenance_pass(
             "outbox: %d rows refused by the broker %d times or more (is their channel type "
             "enabled in some [workers.<type>]?)", result.outbox_refused, REFUSED_WARNING_AFTER,
         )  # fmt: skip
+    for _ in range(MAX_BATCHES_PER_PASS):
+        if stopping():
+            break
+        cleaned = await store.clean_rate_buckets(limit=size)
+        result.rate_buckets_cleaned += cleaned
+        if cleaned < size:
+            break
+    if result.rate_buckets_cleaned:
+        log.debug("rate buckets: deleted %d idle buckets", result.rate_buckets_cleaned)
     return result
 
 

@@ -1,34 +1,87 @@
-"""In-process rate limits: token buckets, pure and clock-free. The HTTP API limits each tenant
-with a ``KeyedLimiter`` of ``RefillingBucket`` (answering 429), the Telegram adapter each chat
-and its bot with ``RateLimits``.
+"""Rate limits that hold for the whole fleet: token buckets shared through Postgres.
 
-Every method takes ``now`` (seconds on any monotonic clock; callers pass ``trio.current_time()``
-so the limits follow trio's ``MockClock`` in tests). Nothing here sleeps: a limiter answers how
-long to wait, and the caller acts on it (the worker turns that wait into a trip through a delay
-tier, docs/architecture.md §5).
+Every limit is a bucket named by a key, kept in the ``rate_buckets`` table and taken from by one
+statement (``store.ratelimits``), so N processes together allow the rate once, not N times
+(docs/architecture.md §5). Two kinds:
 
-A ``TokenBucket`` holds ``tokens`` tokens and each token spent comes back exactly ``period``
-seconds after it was spent (the "sliding log" form of a token bucket). So at most ``tokens``
-messages go out in *any* window of ``period`` seconds: strict, unlike a continuously refilled
-bucket of the same size, which lets twice its size through in the first second after an idle
-spell. With one token (the per-chat limit) both forms are the same: one message per period.
+- a **window** bucket (``Bucket``): ``tokens`` tokens, each back exactly ``period`` seconds
+  after it was spent (the "sliding log" form of a token bucket). At most ``tokens`` messages go
+  out in *any* window of ``period`` seconds: strict, unlike a continuously refilled bucket of the
+  same size, which lets twice its size through in the first second after an idle spell. The
+  Telegram per-chat and per-bot limits and a channel's ``rate_limit_per_second`` are window
+  buckets; a delivery takes one token of each of its buckets, all or none.
+- a **refilling** bucket: ``capacity`` tokens, ``rate`` back per second (a GCRA). Bursts up to
+  the capacity, then the rate on average; the wait for one more token is short (``1 / rate``),
+  which suits an API's clients better than a sliding log. The per-API-key ingest limit.
+
+Nothing here sleeps: a take answers how long to wait, and the caller acts on it (the worker turns
+that wait into a trip through a delay tier, the API into a 429 with ``Retry-After``).
+
+``TokenBucket`` and ``RefillingBucket`` state the rules in Python, pure and clock-free (``now``
+is an argument): the SQL functions ``notifier_rate_take`` and ``notifier_rate_admit`` in
+schema.sql implement the same rules, and tests hold the two to the same cases.
+``notifier.testing.buckets.MemoryBuckets`` keeps them in memory for unit tests.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
-K = TypeVar("K", bound=Hashable)
+import msgspec
 
 # Float slack when comparing times: a token due "now" is back, whatever rounding did to it.
 _EPSILON = 1e-9
+# A window bucket of a high rate keeps at most this many tokens (over a shorter period): the
+# same rate, strict over every window of its period, and its row stays small.
+MAX_WINDOW_TOKENS = 50
+
+
+class Bucket(msgspec.Struct, frozen=True):
+    """A window bucket shared by every process: ``tokens`` tokens under ``key``, each back
+    ``period`` seconds after it was spent."""
+
+    key: str
+    tokens: int
+    period: float
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError("a bucket needs at least one token")
+        if not self.period > 0:
+            raise ValueError("period must be positive")
+
+    @classmethod
+    def per_second(cls, key: str, rate: float) -> Bucket:
+        """``rate`` messages per second: ``floor(rate)`` tokens (at least one, at most
+        ``MAX_WINDOW_TOKENS``) over the period that gives that rate (1/s → 1 token per 1 s,
+        30/s → 30 per 1 s, 0.5/s → 1 per 2 s, 1000/s → 50 per 50 ms)."""
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError("rate must be positive and finite")
+        tokens = min(MAX_WINDOW_TOKENS, max(1, math.floor(rate)))
+        return cls(key, tokens, tokens / rate)
+
+
+class SharedBuckets(Protocol):
+    """Where the buckets are kept: ``store.Store`` (Postgres, the fleet's), or
+    ``notifier.testing.buckets.MemoryBuckets`` in unit tests."""
+
+    async def take_tokens(self, buckets: Sequence[Bucket]) -> float:
+        """One token of each bucket (distinct keys), all or none: 0.0 when taken, else the
+        seconds until every one of them has a token (nothing taken)."""
+        ...
+
+    async def admit(self, key: str, count: int, *, capacity: int, rate: float) -> float:
+        """``count`` tokens (1 to ``capacity``) of the refilling bucket ``key``: 0.0 when
+        taken, else the seconds until there are that many (nothing taken)."""
+        ...
 
 
 class TokenBucket:
-    """``tokens`` tokens, each back ``period`` seconds after it was spent."""
+    """The rule of a window bucket: ``tokens`` tokens, each back ``period`` seconds after it was
+    spent."""
 
     __slots__ = ("_spent", "period", "tokens")
 
@@ -41,47 +94,27 @@ class TokenBucket:
         self.period = period
         self._spent: deque[float] = deque()  # when each token still out was spent, oldest first
 
-    @classmethod
-    def per_second(cls, rate: float) -> TokenBucket:
-        """``rate`` messages per second: ``floor(rate)`` tokens (at least one) over the period
-        that gives that rate (1/s → 1 token per 1 s, 30/s → 30 per 1 s, 0.5/s → 1 per 2 s)."""
-        if not rate > 0:
-            raise ValueError("rate must be positive")
-        tokens = max(1, math.floor(rate))
-        return cls(tokens, tokens / rate)
-
     def _refill(self, now: float) -> None:
         spent = self._spent
         while spent and spent[0] + self.period <= now + _EPSILON:
             spent.popleft()
 
-    def wait(self, now: float, count: int = 1) -> float:
-        """Seconds until ``count`` tokens (at most ``tokens``) are free; 0.0 when they are
-        free now."""
-        if not 1 <= count <= self.tokens:
-            raise ValueError(f"count must be from 1 to {self.tokens}")
+    def wait(self, now: float) -> float:
+        """Seconds until a token is free; 0.0 when one is free now."""
         self._refill(now)
-        missing = count - (self.tokens - len(self._spent))
-        if missing <= 0:
+        if len(self._spent) < self.tokens:
             return 0.0
-        return max(0.0, self._spent[missing - 1] + self.period - now)
+        return max(0.0, self._spent[0] + self.period - now)
 
-    def take(self, now: float, count: int = 1) -> None:
-        """Spend ``count`` tokens; only call it when ``wait(now, count)`` is 0."""
-        if self.wait(now, count) > 0:
-            raise RuntimeError("not enough tokens free: call wait() first")
-        self._spent.extend([now] * count)
-
-    def full(self, now: float) -> bool:
-        """Every token is back: the bucket is the same as a new one and may be forgotten."""
-        self._refill(now)
-        return not self._spent
+    def take(self, now: float) -> None:
+        """Spend a token; only call it when ``wait(now)`` is 0."""
+        if self.wait(now) > 0:
+            raise RuntimeError("no token free: call wait() first")
+        self._spent.append(now)
 
 
 class RefillingBucket:
-    """A continuously refilled token bucket: ``capacity`` tokens, ``rate`` tokens back per
-    second. Bursts up to ``capacity``, then ``rate`` on average; the wait for one more token is
-    short (``1 / rate``), which suits an API's clients better than a sliding log."""
+    """The rule of a refilling bucket: ``capacity`` tokens, ``rate`` tokens back per second."""
 
     __slots__ = ("_at", "_tokens", "capacity", "rate")
 
@@ -114,61 +147,41 @@ class RefillingBucket:
             raise RuntimeError("not enough tokens: call wait() first")
         self._tokens = max(0.0, self._tokens - count)
 
-    def full(self, now: float) -> bool:
-        self._refill(now)
-        return self._tokens >= self.capacity - _EPSILON
 
+class Refusals:
+    """What a process remembers of the takes it was refused: for a set of buckets, the time
+    until which none of them can be taken together. A take of the same buckets before then is
+    refused here, without a statement, with the time that is left.
 
-class KeyedLimiter(Generic[K]):
-    """One bucket per key (e.g. per chat), made on first use and forgotten once full again.
-
-    Buckets are kept in the order they were last spent from; all have the same period, so the
-    first one is always the first to fill up, and forgetting stops at the first that has not.
-    The memory held is therefore bounded by the keys used within one period.
+    That never lets anything through, and refuses nothing the shared buckets would have
+    granted (the wait it answers may be shorter than theirs, if others took since): a token
+    comes back only at its time, and nothing any process does brings it back sooner (taking
+    only spends more; maintenance deletes only full buckets). Times are the caller's clock,
+    read *before* the refused take, so the remembered time is never later than the buckets'
+    own. Entries past their time are forgotten once more than ``max_entries`` are kept.
     """
 
-    def __init__(self, make_bucket: Callable[[], TokenBucket | RefillingBucket]) -> None:
-        self._make = make_bucket
-        self._buckets: OrderedDict[K, TokenBucket | RefillingBucket] = OrderedDict()
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._until: dict[tuple[Bucket, ...], float] = {}
+        self._max = max_entries
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        return len(self._until)
 
-    def wait(self, key: K, now: float, count: int = 1) -> float:
-        bucket = self._buckets.get(key)
-        return 0.0 if bucket is None else bucket.wait(now, count)
+    def wait(self, buckets: tuple[Bucket, ...], now: float) -> float:
+        """Seconds still to wait for ``buckets`` (0.0: ask the shared buckets)."""
+        until = self._until.get(buckets)
+        if until is None:
+            return 0.0
+        if until <= now:
+            del self._until[buckets]
+            return 0.0
+        return until - now
 
-    def take(self, key: K, now: float, count: int = 1) -> None:
-        self.forget_idle(now)
-        bucket = self._buckets.pop(key, None) or self._make()
-        bucket.take(now, count)
-        self._buckets[key] = bucket  # now the most recently spent
-
-    def forget_idle(self, now: float) -> None:
-        while self._buckets:
-            key, bucket = next(iter(self._buckets.items()))
-            if not bucket.full(now):
-                return
-            del self._buckets[key]
-
-
-class RateLimits(Generic[K]):
-    """A per-key limit and an overall one (Telegram: per chat and per bot).
-
-    ``acquire`` either spends a token from both (the message may go now: 0.0) or spends
-    nothing and answers how long until both would have one.
-    """
-
-    def __init__(self, *, per_key_per_second: float, total_per_second: float) -> None:
-        self.per_key: KeyedLimiter[K] = KeyedLimiter(
-            lambda: TokenBucket.per_second(per_key_per_second)
-        )
-        self.total = TokenBucket.per_second(total_per_second)
-
-    def acquire(self, key: K, now: float) -> float:
-        wait = max(self.per_key.wait(key, now), self.total.wait(now))
-        if wait > 0:
-            return wait
-        self.per_key.take(key, now)
-        self.total.take(now)
-        return 0.0
+    def refused(self, buckets: tuple[Bucket, ...], asked_at: float, wait: float) -> None:
+        """A take of ``buckets`` asked at ``asked_at`` was refused for ``wait`` seconds."""
+        if len(self._until) >= self._max:
+            self._until = {b: t for b, t in self._until.items() if t > asked_at}
+            if len(self._until) >= self._max:
+                return  # all still current: remembering one more is not worth unbounded memory
+        self._until[buckets] = asked_at + wait

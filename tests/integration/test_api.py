@@ -561,6 +561,19 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     ),
     "channel-max-attempts-0": (ch(max_attempts=0), "max_attempts: Expected `int` >= 1"),
     "channel-enabled-string": (ch(enabled="yes"), "enabled: Expected `bool`, got `str`"),
+    "channel-rate-0": (ch(rate_limit_per_second=0), "rate_limit_per_second: Expected `float` > 0"),
+    "channel-rate-negative": (
+        ch(rate_limit_per_second=-1),
+        "rate_limit_per_second: Expected `float` > 0",
+    ),
+    "channel-rate-string": (
+        ch(rate_limit_per_second="5"),
+        "rate_limit_per_second: Expected `float | null`",
+    ),
+    "channel-rate-huge": (
+        ch(rate_limit_per_second=1e9),
+        "rate_limit_per_second: Expected `float` <= 10000",
+    ),
     "channel-unknown-field": (ch(secret="x"), "secret: unknown key"),
     # channel patches
     "patch-url": (patch(config={"url": "file:///etc/passwd"}), "config.url:"),
@@ -590,6 +603,7 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     ),
     "patch-type": (patch(type="email"), "type: unknown key"),
     "patch-max-attempts": (patch(max_attempts=101), "max_attempts: Expected `int` <= 100"),
+    "patch-rate-0": (patch(rate_limit_per_second=0), "rate_limit_per_second: Expected `float` > 0"),
 }
 
 
@@ -812,6 +826,29 @@ async def test_channel_create_list_read_patch_delete(api: Api) -> None:
     assert_error(
         await api.a.post("/v1/events", json=EVENT | {"channel_ids": [cid]}), 422, "validation_error"
     )
+
+
+async def test_a_channels_rate_limit_is_set_at_create_changed_by_patch_and_shown(
+    api: Api,
+) -> None:
+    created = await make_channel(api.a, config={"url": HOOK_URL}, rate_limit_per_second=5)
+    assert created["rate_limit_per_second"] == 5.0
+    cid = created["id"]
+    assert api.a_channel["rate_limit_per_second"] is None  # no limit unless asked
+    stored = "SELECT rate_limit_per_second FROM channels WHERE id = $1"
+    assert await scalar(api.db, stored, uuid.UUID(cid)) == 5.0
+    # a PATCH naming another field keeps it; one naming it changes it; null removes it
+    renamed = (await api.a.patch(f"/v1/channels/{cid}", json={"name": "x"})).json()
+    assert renamed["rate_limit_per_second"] == 5.0
+    slower = await api.a.patch(f"/v1/channels/{cid}", json={"rate_limit_per_second": 0.5})
+    assert slower.status_code == 200, slower.text
+    assert slower.json()["rate_limit_per_second"] == 0.5
+    assert (await api.a.get(f"/v1/channels/{cid}")).json()["rate_limit_per_second"] == 0.5
+    unlimited = await api.a.patch(f"/v1/channels/{cid}", json={"rate_limit_per_second": None})
+    assert unlimited.json()["rate_limit_per_second"] is None
+    assert await scalar(api.db, stored, uuid.UUID(cid)) is None
+    listed = (await api.a.get("/v1/channels")).json()["items"]
+    assert all("rate_limit_per_second" in c for c in listed)
 
 
 async def test_channel_secret_given_at_create_is_returned_once_and_kept(api: Api) -> None:

@@ -55,6 +55,7 @@ async def test_migrate_is_idempotent_and_creates_every_table(tmp_path: Path) -> 
         }
         assert tables == {
             "tenants", "channels", "events", "deliveries", "delivery_attempts", "outbox",
+            "rate_buckets",
         }  # fmt: skip
         indexes = {
             r[0]

@@ -265,13 +265,14 @@ async def test_a_rate_limited_adapter_delays_messages_without_using_up_attempts(
             await poll(all_delivered)
     assert sorted(str(m.delivery_id) for m in adapter.messages) == sorted(ids)
     gaps = [b - a for a, b in itertools.pairwise(sorted(adapter.called_at))]
-    assert all(gap >= 1.5 for gap in gaps), gaps
+    # the bucket keeps Postgres's time of each take; the call follows it by a moment that varies
+    assert all(gap >= 1.45 for gap in gaps), gaps
     limited = await scalar(
         database_url,
         "SELECT count(*) FROM delivery_attempts WHERE outcome = 'rate_limited' AND attempt = 1",
     )
     assert limited >= 2  # at least the 2nd and 3rd waited once
-    assert len(adapter.waits) == limited
+    assert len(adapter.asked) == 3 + limited  # asked once per delivery and per wait
 
 
 async def test_closing_every_broker_connection_mid_stream_loses_nothing(

@@ -4,6 +4,7 @@ and a scripted adapter; one or more tests per row of the §5 table."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from notifier.broker.repair import RepairingPublish
 from notifier.broker.topology import build_topology, retry_queue, routes_to
 from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUnavailable
 from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.ratelimit import Bucket
 from notifier.store.rows import AttemptRecord, DeliveryState
 from notifier.testing import (
     Delay,
@@ -29,6 +31,7 @@ from notifier.testing import (
     Report,
     worker_message,
 )
+from notifier.testing.buckets import MemoryBuckets
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.group import outcome_observers
 from notifier.worker.handle import (
@@ -87,6 +90,7 @@ class Rig:
         self.adapter = adapter or RecordingAdapter()
         self.broker = broker or routed_broker()
         self.reporter = RecordingReporter()
+        self.buckets = MemoryBuckets()
         self.sink = SettleLog(self.store, self.broker)
         # as the worker group wires it: a returned retry declares its tier again
         self.repairing = RepairingPublish(
@@ -101,6 +105,7 @@ class Rig:
             observer=outcome_observers(
                 self.adapter.channel_type, reporter=self.reporter, metrics=None
             ),
+            limits=self.buckets,
         )
         self._tag = 0
 
@@ -206,6 +211,120 @@ async def test_a_rate_limited_copy_is_delivered_later_without_using_up_an_attemp
     assert rig.adapter.messages == [first, copy]
     assert rig.store.state(last.delivery_id) == DeliveryState("DELIVERED", 5)
     assert [r.outcome for r in rig.store.attempts] == ["delivered", "rate_limited", "delivered"]
+
+
+# -- a channel's own rate limit (rate_limit_per_second, read with the delivery's state) ---------
+
+
+async def test_a_channels_rate_limit_paces_its_deliveries_without_using_attempts(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig()
+    channel_id = uuid.uuid4()
+    first, second = message(1, channel_id=channel_id), message(2, channel_id=channel_id)
+    for m in (first, second):
+        rig.store.add(m.delivery_id, rate_limit_per_second=0.5)  # one every 2 s
+    assert await rig.handle(first) is Settle.ACK
+    assert await rig.handle(second) is Settle.ACK  # rate limited: to the 5 s tier, attempt 1
+
+    [out] = rig.broker.published
+    assert out.routing_key == retry_queue("webhook", 5)
+    copy = retry_copy(out)
+    assert copy.attempt == 1
+    assert rig.store.state(second.delivery_id) == DeliveryState(
+        "PENDING", 0, rate_limit_per_second=0.5
+    )
+    assert rig.buckets.takes == [(f"channel:{channel_id}",)] * 2
+    await trio.sleep(5)
+    assert await rig.handle(copy) is Settle.ACK
+    assert rig.adapter.messages == [first, copy]
+    assert [(r.attempt, r.outcome) for r in rig.store.attempts] == [
+        (1, "delivered"), (1, "rate_limited"), (1, "delivered"),
+    ]  # fmt: skip
+
+
+async def test_a_refused_take_is_answered_again_without_asking_until_its_time(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig()
+    channel_id = uuid.uuid4()
+    messages = [message(n, channel_id=channel_id) for n in range(1, 5)]
+    for m in messages:
+        rig.store.add(m.delivery_id, rate_limit_per_second=0.5)  # one every 2 s
+    first, second, third, fourth = messages
+    assert await rig.handle(first) is Settle.ACK  # taken
+    assert await rig.handle(second) is Settle.ACK  # refused by the buckets: wait 2 s
+    await trio.sleep(1.5)
+    assert await rig.handle(third) is Settle.ACK  # refused here: 0.5 s left, no statement
+    assert len(rig.buckets.takes) == 2
+    await trio.sleep(0.5)
+    assert await rig.handle(fourth) is Settle.ACK  # its time: the buckets are asked, and give
+    assert len(rig.buckets.takes) == 3
+    assert rig.adapter.messages == [first, fourth]
+    limited = [r for r in rig.store.attempts if r.outcome == "rate_limited"]
+    assert [r.delivery_id for r in limited] == [second.delivery_id, third.delivery_id]
+    assert limited[1].error == "rate limited: wait 0.5 s"
+
+
+async def test_channels_are_limited_apart(mock_clock: trio.testing.MockClock) -> None:
+    rig = Rig()
+    first, second = message(1, channel_id=uuid.uuid4()), message(2, channel_id=uuid.uuid4())
+    for m in (first, second):
+        rig.store.add(m.delivery_id, rate_limit_per_second=0.5)
+    assert await rig.handle(first) is Settle.ACK
+    assert await rig.handle(second) is Settle.ACK
+    assert rig.adapter.messages == [first, second]
+
+
+async def test_without_a_limit_no_bucket_is_asked() -> None:
+    rig = Rig()
+    m = message(1)
+    rig.store.add(m.delivery_id)  # no rate_limit_per_second, and the adapter names no bucket
+    assert await rig.handle(m) is Settle.ACK
+    assert rig.buckets.takes == []
+
+
+async def test_the_channels_and_the_adapters_buckets_are_taken_together(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(PacedAdapter(interval_seconds=10))
+    limited, other = message(1, channel_id=uuid.uuid4()), message(2)
+    rig.store.add(limited.delivery_id, rate_limit_per_second=100)
+    rig.store.add(other.delivery_id)
+    assert await rig.handle(limited) is Settle.ACK
+    assert rig.buckets.takes == [(f"channel:{limited.channel_id}", "paced:webhook")]
+    assert await rig.handle(other) is Settle.ACK  # the adapter's bucket is empty: rate limited
+    assert rig.adapter.messages == [limited]
+
+
+async def test_a_store_failure_taking_the_buckets_requeues_the_message_after_a_pause(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig()
+    m = message(1)
+    rig.store.add(m.delivery_id, rate_limit_per_second=1)
+    rig.buckets.unavailable = True
+    assert await rig.handle(m) is Settle.REQUEUE
+    assert trio.current_time() == STORE_UNAVAILABLE_PAUSE_SECONDS
+    assert rig.adapter.messages == []
+    assert rig.store.attempts == []
+    assert rig.reporter.reports == []
+
+
+async def test_a_limit_in_a_handler_without_buckets_is_a_panic() -> None:
+    store = MemoryDeliveries()
+    adapter = RecordingAdapter()
+    handler = Handler(
+        store, adapter, routed_broker().publish, timeout_seconds=TIMEOUT, policy=POLICY
+    )
+    m = message(1)
+    store.add(m.delivery_id, rate_limit_per_second=1)
+    sink = SettleLog(store, MemoryBroker())
+    await handler.handle(Incoming(encode_message(m), None, 1, False, sink))
+    assert sink.settled == [(1, Settle.REJECT)]
+    assert adapter.messages == []
+    [row] = store.attempts
+    assert row.outcome == "panic"
 
 
 async def test_a_rate_limited_message_whose_retry_publish_fails_is_recorded_and_acked(
@@ -625,17 +744,17 @@ async def test_an_adapter_crash_is_a_panic_and_the_next_message_is_delivered() -
 
 
 class CrashingLimiter(RecordingAdapter):
-    """A ``RateLimiter`` whose ``check`` raises once (a bug), then lets everything through."""
+    """A ``RateLimiter`` whose ``rate_buckets`` raises once (a bug), then names none."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__("webhook")
         self.error: Exception | None = error
 
-    def check(self, message: WorkerMessage) -> float | None:
+    def rate_buckets(self, message: WorkerMessage) -> Sequence[Bucket]:
         error, self.error = self.error, None
         if error is not None:
             raise error
-        return None
+        return ()
 
 
 async def test_a_crashing_rate_limiter_is_a_panic_and_the_next_message_is_delivered() -> None:
@@ -782,7 +901,8 @@ async def test_a_stale_copy_is_acked_without_asking_the_rate_limiter(
     rig.store.add(stale.delivery_id, status="RETRYING", attempt=1)
     assert await rig.handle(fresh) is Settle.ACK
     assert await rig.handle(stale) is Settle.ACK
-    assert paced.waits == []  # never asked: no rate_limited row, no retry
+    assert paced.asked == [fresh]  # never asked about the stale copy: no rate_limited row
+    assert rig.buckets.takes == [("paced:webhook",)]
     assert rig.broker.published == []
     assert [r.delivery_id for r in rig.store.attempts] == [fresh.delivery_id]
 

@@ -29,6 +29,7 @@ from notifier.testing import (
     SettleRecorder,
     worker_message,
 )
+from notifier.testing.buckets import MemoryBuckets
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.group import outcome_observers
 from notifier.worker.handle import Handler
@@ -166,6 +167,7 @@ class Rig:
             observer=outcome_observers(
                 adapter.channel_type, reporter=RecordingReporter(), metrics=self.metrics
             ),
+            limits=MemoryBuckets(),
         )  # fmt: skip
 
     async def handle(self, m: WorkerMessage) -> Settle:

@@ -23,6 +23,7 @@ from notifier.testing import (
     SettleRecorder,
     worker_message,
 )
+from notifier.testing.buckets import MemoryBuckets
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.handle import Handler
 from notifier.worker.observe import UNDECODABLE, Outcome
@@ -40,7 +41,7 @@ class Rig:
         self.sink = SettleRecorder()
         self.handler = Handler(
             self.store, adapter, broker.publish, timeout_seconds=10, policy=POLICY,
-            observer=self.observer,
+            observer=self.observer, limits=MemoryBuckets(),
         )  # fmt: skip
 
     async def handle_body(self, body: bytes, message_id: str | None) -> Settle:

@@ -165,3 +165,14 @@ def test_limits_come_from_the_config() -> None:
     assert doc["components"]["schemas"]["BatchIn"]["properties"]["events"]["maxItems"] == 7
     assert "1048576 bytes" in doc["info"]["description"]
     assert msgspec.json.decode(msgspec.json.encode(doc)) == doc, "plain JSON"
+
+
+def test_a_channels_rate_limit_is_documented_where_it_is_set_and_shown() -> None:
+    schemas = document("webhook")["components"]["schemas"]
+    for name in ("ChannelIn", "ChannelPatch"):
+        number, null = schemas[name]["properties"]["rate_limit_per_second"]["anyOf"]
+        assert (number["type"], number["exclusiveMinimum"], null) == ("number", 0, {"type": "null"})
+        assert "across every worker process" in number["description"]
+    view = schemas["ChannelView"]
+    assert "rate_limit_per_second" in view["required"]  # always shown, null when unlimited
+    assert {"type": "null"} in view["properties"]["rate_limit_per_second"]["anyOf"]

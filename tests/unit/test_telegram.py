@@ -1,6 +1,6 @@
 """Telegram adapter without a network: config, text and request building, classifying Bot API
 answers, keeping the bot token out of errors and logs, and the per-chat/per-bot rate limits
-(pure token buckets with an injected clock, and the adapter's ``check`` under trio's MockClock).
+(the buckets it names, taken from in-memory shared buckets under trio's MockClock).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from notifier.adapters.telegram_channels import TelegramChannels
 from notifier.config import TelegramWorkersConfig, parse_config
 from notifier.errors import ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
-from notifier.ratelimit import KeyedLimiter, RateLimits, TokenBucket
+from notifier.ratelimit import Bucket
 from notifier.testing import worker_message
+from notifier.testing.buckets import MemoryBuckets
 
 TOKEN = "123456789:AAH-unit_test_token_do_not_leak"
 BASE = "https://api.telegram.example"
@@ -530,7 +531,7 @@ def test_the_registry_builds_the_telegram_adapter_only_when_enabled() -> None:
         build_adapters(config, environ={})
 
 
-# -- token buckets (pure, the clock is an argument) ---------------------------------------------
+# -- the adapter's buckets, taken from in-memory shared buckets under trio's MockClock -----------
 
 
 @pytest.mark.parametrize(
@@ -538,98 +539,36 @@ def test_the_registry_builds_the_telegram_adapter_only_when_enabled() -> None:
     [(1.0, 1, 1.0), (30.0, 30, 1.0), (0.5, 1, 2.0), (2.5, 2, 0.8), (0.1, 1, 10.0)],
 )
 def test_a_bucket_per_second(rate: float, tokens: int, period: float) -> None:
-    bucket = TokenBucket.per_second(rate)
+    bucket = Bucket.per_second("k", rate)
     assert (bucket.tokens, bucket.period) == (tokens, pytest.approx(period))
 
 
-def test_a_one_token_bucket_lets_one_through_per_period() -> None:
-    bucket = TokenBucket(1, 1.0)
-    assert bucket.wait(10.0) == 0.0
-    bucket.take(10.0)
-    assert bucket.wait(10.0) == 1.0
-    assert bucket.wait(10.25) == 0.75
-    assert bucket.wait(11.0) == 0.0
-    bucket.take(11.0)
-    assert bucket.wait(11.5) == 0.5
+def test_the_buckets_are_the_chats_and_the_bots_keyed_by_the_bots_id() -> None:
+    adapter = TelegramAdapter(TOKEN, api_base_url=BASE, per_chat_per_second=0.5)
+    chat, bot = adapter.rate_buckets(to_chat("@My_Channel"))
+    bot_id = TOKEN.split(":")[0]
+    assert chat == Bucket(f"telegram:{bot_id}:chat:@my_channel", 1, 2.0)
+    assert bot == Bucket(f"telegram:{bot_id}", 30, 1.0)
+    assert TOKEN.split(":")[1] not in chat.key + bot.key  # only the token's public part
+    other = TelegramAdapter("555:AAother", api_base_url=BASE)
+    assert {b.key for b in other.rate_buckets(to_chat("@my_channel"))}.isdisjoint(
+        {chat.key, bot.key}
+    )
 
 
-def test_a_bucket_refuses_a_take_without_a_token() -> None:
-    bucket = TokenBucket(1, 1.0)
-    bucket.take(0.0)
-    with pytest.raises(RuntimeError):
-        bucket.take(0.5)
-
-
-def test_a_bucket_never_lets_more_than_its_tokens_through_in_any_period() -> None:
-    bucket = TokenBucket(30, 1.0)
-    sent: list[float] = []
-    now = 0.0
-    while now < 5.0:  # someone asks every 10 ms
-        if bucket.wait(now) == 0.0:
-            bucket.take(now)
-            sent.append(now)
-        now = round(now + 0.01, 6)
-    assert len(sent) == 30 * 5
-    assert sent[:30] == [pytest.approx(i * 0.01) for i in range(30)]
-    for start in sent:
-        assert sum(1 for t in sent if start <= t < start + 1.0 - 1e-9) <= 30
-
-
-def test_a_bucket_is_full_again_once_every_token_is_back() -> None:
-    bucket = TokenBucket(2, 1.0)
-    assert bucket.full(0.0)
-    bucket.take(0.0)
-    bucket.take(0.5)
-    assert not bucket.full(1.2)
-    assert bucket.full(1.5)
-
-
-def test_keyed_buckets_are_independent() -> None:
-    limiter: KeyedLimiter[str] = KeyedLimiter(lambda: TokenBucket(1, 1.0))
-    limiter.take("a", 0.0)
-    assert limiter.wait("a", 0.0) == 1.0
-    assert limiter.wait("b", 0.0) == 0.0
-    limiter.take("b", 0.0)
-    assert limiter.wait("b", 0.4) == pytest.approx(0.6)
-
-
-def test_keyed_buckets_forget_idle_keys_so_memory_stays_bounded() -> None:
-    limiter: KeyedLimiter[int] = KeyedLimiter(lambda: TokenBucket(1, 1.0))
-    for i in range(100_000):  # a new chat every millisecond for 100 s
-        limiter.take(i, i / 1000)
-        assert len(limiter) <= 1001
-    limiter.take(-1, 1000.0)
-    assert len(limiter) == 1
-
-
-def test_a_chat_used_again_is_not_forgotten_while_it_waits() -> None:
-    limiter: KeyedLimiter[str] = KeyedLimiter(lambda: TokenBucket(1, 1.0))
-    limiter.take("old", 0.0)
-    limiter.take("busy", 0.5)
-    limiter.take("new", 0.9)
-    limiter.forget_idle(1.2)  # "old" is full again; "busy" and "new" are not
-    assert len(limiter) == 2
-    assert limiter.wait("busy", 1.2) == pytest.approx(0.3)
-
-
-def test_rate_limits_take_from_both_or_neither() -> None:
-    limits: RateLimits[str] = RateLimits(per_key_per_second=1, total_per_second=2)
-    assert limits.acquire("a", 0.0) == 0.0
-    assert limits.acquire("a", 0.0) == 1.0  # the chat is busy: nothing taken from the bot
-    assert limits.acquire("b", 0.0) == 0.0
-    assert limits.acquire("c", 0.0) == 1.0  # the bot is busy: nothing taken from chat c
-    assert limits.per_key.wait("c", 0.0) == 0.0
-    assert limits.acquire("c", 1.0) == 0.0
-
-
-# -- the adapter's RateLimiter under trio's MockClock -------------------------------------------
+async def take(adapter: TelegramAdapter, buckets: MemoryBuckets, msg: WorkerMessage) -> float:
+    """What the worker asks: a token of each of the message's buckets, all or none."""
+    return await buckets.take_tokens(adapter.rate_buckets(msg))
 
 
 async def send_when_allowed(
-    adapter: TelegramAdapter, msg: WorkerMessage, sent: list[tuple[object, float]]
+    adapter: TelegramAdapter,
+    buckets: MemoryBuckets,
+    msg: WorkerMessage,
+    sent: list[tuple[object, float]],
 ) -> None:
     """What the worker does, without the delay tiers: ask, wait as long as told, ask again."""
-    while (wait := adapter.check(msg)) is not None:
+    while wait := await take(adapter, buckets, msg):
         assert wait > 0
         await trio.sleep(wait)
     sent.append((msg.channel_config["chat_id"], trio.current_time()))
@@ -638,36 +577,39 @@ async def send_when_allowed(
 async def test_one_chat_gets_one_message_per_second(
     adapter: TelegramAdapter, mock_clock: trio.testing.MockClock
 ) -> None:
+    buckets = MemoryBuckets()
     start = trio.current_time()
-    assert adapter.check(to_chat(1)) is None
-    assert adapter.check(to_chat(1)) == pytest.approx(1.0)
+    assert await take(adapter, buckets, to_chat(1)) == 0.0
+    assert await take(adapter, buckets, to_chat(1)) == pytest.approx(1.0)
     mock_clock.jump(0.25)
-    assert adapter.check(to_chat(1)) == pytest.approx(0.75)
+    assert await take(adapter, buckets, to_chat(1)) == pytest.approx(0.75)
     mock_clock.jump(0.75)
-    assert adapter.check(to_chat(1)) is None
+    assert await take(adapter, buckets, to_chat(1)) == 0.0
     assert trio.current_time() - start == pytest.approx(1.0)
 
 
 async def test_three_messages_to_one_chat_go_at_0_1_and_2_seconds(
     adapter: TelegramAdapter, mock_clock: trio.testing.MockClock
 ) -> None:
+    buckets = MemoryBuckets()
     start = trio.current_time()
     sent: list[tuple[object, float]] = []
     async with trio.open_nursery() as nursery:
         for n in range(3):
-            nursery.start_soon(send_when_allowed, adapter, to_chat(777, n), sent)
+            nursery.start_soon(send_when_allowed, adapter, buckets, to_chat(777, n), sent)
     assert [round(at - start, 6) for _, at in sent] == [0.0, 1.0, 2.0]
 
 
 async def test_different_chats_do_not_wait_for_each_other(
     adapter: TelegramAdapter, mock_clock: trio.testing.MockClock
 ) -> None:
+    buckets = MemoryBuckets()
     start = trio.current_time()
     sent: list[tuple[object, float]] = []
     async with trio.open_nursery() as nursery:
         for chat in (1, 2, "@channel_a", "@channel_b"):
             for n in range(2):
-                nursery.start_soon(send_when_allowed, adapter, to_chat(chat, n), sent)
+                nursery.start_soon(send_when_allowed, adapter, buckets, to_chat(chat, n), sent)
     by_chat: dict[object, list[float]] = {}
     for chat, at in sent:
         by_chat.setdefault(chat, []).append(round(at - start, 6))
@@ -681,20 +623,20 @@ def test_channel_usernames_share_a_bucket_whatever_their_case() -> None:
     assert chat_key({}) is None
 
 
-async def test_an_unusable_chat_id_is_not_rate_limited(adapter: TelegramAdapter) -> None:
-    for _ in range(3):
-        assert adapter.check(to_chat("nope")) is None
+def test_an_unusable_chat_id_is_not_rate_limited(adapter: TelegramAdapter) -> None:
+    assert adapter.rate_buckets(to_chat("nope")) == ()
 
 
 async def test_the_bot_sends_at_most_30_messages_in_any_second(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     adapter = TelegramAdapter(TOKEN, api_base_url=BASE, per_bot_per_second=30)
+    buckets = MemoryBuckets()
     start = trio.current_time()
     sent: list[tuple[object, float]] = []
     async with trio.open_nursery() as nursery:
         for chat in range(100):  # 100 different chats: only the bot's limit applies
-            nursery.start_soon(send_when_allowed, adapter, to_chat(chat + 1), sent)
+            nursery.start_soon(send_when_allowed, adapter, buckets, to_chat(chat + 1), sent)
     times = sorted(round(at - start, 6) for _, at in sent)
     assert len(times) == 100
     assert [times.count(t) for t in (0.0, 1.0, 2.0, 3.0)] == [30, 30, 30, 10]
@@ -702,11 +644,17 @@ async def test_the_bot_sends_at_most_30_messages_in_any_second(
         assert sum(1 for t in times if t0 <= t < t0 + 1.0) <= 30
 
 
-async def test_the_configured_rates_are_used(mock_clock: trio.testing.MockClock) -> None:
+async def test_the_chat_and_the_bot_are_taken_from_both_or_neither(
+    mock_clock: trio.testing.MockClock,
+) -> None:
     adapter = TelegramAdapter(
         TOKEN, api_base_url=BASE, per_chat_per_second=0.5, per_bot_per_second=2
     )
-    assert adapter.check(to_chat(1)) is None
-    assert adapter.check(to_chat(1)) == pytest.approx(2.0)  # one per 2 s per chat
-    assert adapter.check(to_chat(2)) is None
-    assert adapter.check(to_chat(3)) == pytest.approx(1.0)  # two per second per bot
+    buckets = MemoryBuckets()
+    assert await take(adapter, buckets, to_chat(1)) == 0.0
+    assert await take(adapter, buckets, to_chat(1)) == pytest.approx(2.0)  # one per 2 s per chat
+    assert await take(adapter, buckets, to_chat(2)) == 0.0  # the bot's token the chat left
+    assert await take(adapter, buckets, to_chat(3)) == pytest.approx(1.0)  # two per s per bot
+    mock_clock.jump(1.0)
+    # chat 3 was refused above with nothing taken: its own bucket is still full
+    assert await take(adapter, buckets, to_chat(3)) == 0.0

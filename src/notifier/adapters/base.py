@@ -4,12 +4,14 @@ one message (the deliverer: it holds the secrets and the connections, built only
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from notifier.errors import InvalidInput
 from notifier.messages import WorkerMessage
+from notifier.ratelimit import Bucket
 
 
 class InvalidChannelConfig(InvalidInput):
@@ -75,8 +77,13 @@ class ChecksDestination(Protocol):
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    def check(self, message: WorkerMessage) -> float | None:
-        """Seconds to wait before this message may be delivered, or None to go ahead."""
+    """Optional: an adapter whose destination limits the rate (Telegram: per chat, per bot)."""
+
+    def rate_buckets(self, message: WorkerMessage) -> Sequence[Bucket]:
+        """The shared buckets (``notifier.ratelimit``) a delivery of this message needs a token
+        of; empty: none. The worker takes them, with the channel's own, in one statement, all
+        or none, before it calls ``deliver``; when one is empty the message waits in a delay
+        tier, its attempt unused."""
         ...
 
 

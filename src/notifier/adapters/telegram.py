@@ -1,4 +1,5 @@
-"""Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot.
+"""Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot
+(buckets shared by every worker process, ``rate_buckets``).
 
 A channel's config is validated by ``telegram_channels.TelegramChannels`` (no token needed).
 Pure parts (``build_text``, ``build_request``, ``classify``, ``transport_error``) are separate
@@ -24,13 +25,12 @@ useful than a delivery that is ``DEAD`` because an event's payload was large.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import msgspec
-import trio
 
 from notifier.adapters.base import InvalidChannelConfig, Receipt
 from notifier.adapters.http import (
@@ -45,7 +45,7 @@ from notifier.adapters.templates import render
 from notifier.config import TelegramWorkersConfig
 from notifier.errors import AdapterCrash, ConfigError, PermanentError, RetriableError
 from notifier.messages import WorkerMessage
-from notifier.ratelimit import RateLimits
+from notifier.ratelimit import Bucket
 from notifier.secrets import replace_forms, scrub_known, secret_forms
 
 MAX_TEXT_UNITS = 4096  # Telegram's limit for a message text, in UTF-16 code units
@@ -215,7 +215,6 @@ class TelegramAdapter:
         timeout_seconds: float = 10.0,
         per_chat_per_second: float = 1.0,
         per_bot_per_second: float = 30.0,
-        clock: Callable[[], float] = trio.current_time,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not token:
@@ -224,11 +223,12 @@ class TelegramAdapter:
         self._token = token
         self._api_base_url = api_base_url.rstrip("/")
         self._timeout = timeout_seconds
-        self._clock = clock
         self._transport = transport  # tests pass httpx.MockTransport
-        self.limits: RateLimits[int | str] = RateLimits(
-            per_key_per_second=per_chat_per_second, total_per_second=per_bot_per_second
-        )
+        # Keyed by the bot's id (the token's public part): every process delivering for this
+        # bot shares them, and another bot has its own.
+        self._bot_key = f"telegram:{token.split(':', 1)[0]}"
+        self._per_chat_per_second = per_chat_per_second
+        self.bot_bucket = Bucket.per_second(self._bot_key, per_bot_per_second)
         self._clients = ClientPool(self._new_client)
 
     @classmethod
@@ -262,14 +262,13 @@ class TelegramAdapter:
     def __repr__(self) -> str:  # never the token
         return f"TelegramAdapter(api_base_url={self._api_base_url!r})"
 
-    def check(self, message: WorkerMessage) -> float | None:
-        """``RateLimiter``: seconds until this chat and this bot both have room, or None (the
-        message goes now and its slot is taken)."""
+    def rate_buckets(self, message: WorkerMessage) -> Sequence[Bucket]:
+        """``RateLimiter``: this chat's bucket and this bot's, taken together."""
         key = chat_key(message.channel_config)
         if key is None:
-            return None  # an unusable chat id: ``deliver`` fails it for good
-        wait = self.limits.acquire(key, self._clock())
-        return wait or None
+            return ()  # an unusable chat id: ``deliver`` fails it for good
+        chat = Bucket.per_second(f"{self._bot_key}:chat:{key}", self._per_chat_per_second)
+        return (chat, self.bot_bucket)
 
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         try:

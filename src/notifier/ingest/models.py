@@ -30,6 +30,16 @@ Recipient = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
 Name = Annotated[str, msgspec.Meta(max_length=200)]
 MaxAttempts = Annotated[int, msgspec.Meta(ge=1, le=100)]
+# Deliveries per second to one channel, across every worker process.
+RatePerSecond = Annotated[
+    float,
+    msgspec.Meta(
+        gt=0, le=10_000,
+        description="At most this many deliveries per second to this channel, across every "
+        "worker process (e.g. 0.5 = one every 2 s); null = no limit. A message over it waits "
+        "in a delay tier without using up an attempt.",
+    ),
+]  # fmt: skip
 ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
 ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50)]
 
@@ -48,6 +58,7 @@ class ChannelIn(_Body):
     )
     enabled: bool = True
     max_attempts: MaxAttempts | None = None
+    rate_limit_per_second: RatePerSecond | None = None
 
 
 class ChannelPatch(_Body):
@@ -59,6 +70,7 @@ class ChannelPatch(_Body):
     ) = msgspec.UNSET
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     max_attempts: MaxAttempts | msgspec.UnsetType | None = msgspec.UNSET
+    rate_limit_per_second: RatePerSecond | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class EventIn(_Body):

@@ -54,6 +54,7 @@ class ChannelView(_View):
     disabled_at: Timestamp | None
     health: ChannelHealth
     max_attempts: int | None
+    rate_limit_per_second: float | None
     created_at: Timestamp
     updated_at: Timestamp
 

@@ -44,6 +44,7 @@ class ApiStore(Protocol):
         event_types: list[str],
         enabled: bool,
         max_attempts: int | None,
+        rate_limit_per_second: float | None = None,
     ) -> Channel: ...
 
     async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None: ...
@@ -83,6 +84,11 @@ class ApiStore(Protocol):
     ) -> list[IngestResult | IdempotencyConflict | UnknownChannels]: ...
 
     async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None: ...
+
+    async def admit(self, key: str, count: int, *, capacity: int, rate: float) -> float:
+        """The shared refilling bucket ``key`` of the ingest rate limit
+        (``notifier.ratelimit.SharedBuckets.admit``)."""
+        ...
 
     async def list_deliveries(
         self,

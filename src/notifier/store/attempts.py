@@ -23,7 +23,11 @@ class AttemptQueries(Queries):
         rows = await self._pool.fetch(Q["delivery_states"], list(delivery_ids))
         found = {
             r["id"]: DeliveryState(
-                r["status"], r["attempt"], r["channel_state"], r["disabled_reason"]
+                r["status"],
+                r["attempt"],
+                r["channel_state"],
+                r["disabled_reason"],
+                r["rate_limit_per_second"],
             )
             for r in rows
         }

@@ -31,6 +31,7 @@ def _channel(row: Row) -> Channel:
         failing_since=row["failing_since"],
         last_success_at=row["last_success_at"],
         max_attempts=row["max_attempts"],
+        rate_limit_per_second=row["rate_limit_per_second"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -51,10 +52,11 @@ class ChannelQueries(Queries):
         event_types: list[str],
         enabled: bool,
         max_attempts: int | None,
+        rate_limit_per_second: float | None = None,
     ) -> Channel:
         row = await self._pool.fetchrow(
             Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
-            event_types, enabled, max_attempts,
+            event_types, enabled, max_attempts, rate_limit_per_second,
         )  # fmt: skip
         assert row is not None
         return _channel(row)
@@ -106,6 +108,7 @@ class ChannelQueries(Queries):
                 Q["channel_update"], tenant_id, channel_id, named, value("name"),
                 value("config"), value("recipient"), value("event_types"), value("enabled"),
                 value("max_attempts"), config_read if "config" in named else None,
+                value("rate_limit_per_second"),
             )  # fmt: skip
             if row is not None:
                 return _channel(row)

@@ -1,4 +1,5 @@
-"""The store's queries for the maintenance loop: the reconciler, retention and outbox hygiene.
+"""The store's queries for the maintenance loop: the reconciler, retention, outbox hygiene and
+the cleanup of idle rate-limit buckets.
 They wait on nobody's request, and on a big database one batch may well take longer than a
 request may: their statements have a longer bound of their own."""
 
@@ -41,6 +42,13 @@ class MaintenanceQueries(Queries):
             deleted = len(await conn.fetch(Q["outbox_hygiene"], limit))
             refused: int = await conn.fetchval(Q["outbox_refused_count"], refused_after)
         return deleted, refused
+
+    @transaction
+    async def clean_rate_buckets(self, *, limit: int) -> int:
+        """Delete up to ``limit`` rate-limit buckets that have been full again for a while (a
+        new bucket is the same); return how many."""
+        async with self._maintenance() as conn:
+            return len(await conn.fetch(Q["rate_buckets_cleanup"], limit))
 
     @asynccontextmanager
     async def _maintenance(self) -> AsyncIterator[Conn]:

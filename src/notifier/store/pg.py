@@ -2,9 +2,9 @@
 asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
-``deliveries``, ``attempts``, ``outbox``, ``maintenance``); what they share (the named SQL, the
-one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors
-in ``errors``.
+``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``); what they share (the
+named SQL, the one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``;
+its errors in ``errors``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
 from notifier.store.outbox import OutboxQueries
 from notifier.store.pool import Pooler, create_pool
+from notifier.store.ratelimits import RateLimitQueries
 
 
 class Store(
@@ -33,6 +34,7 @@ class Store(
     AttemptQueries,
     OutboxQueries,
     MaintenanceQueries,
+    RateLimitQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""
 

@@ -3,9 +3,9 @@
 
 -- name: delivery_states
 -- With the state of the delivery's channel: a delivery is not attempted while its channel is
--- disabled or deleted.
+-- disabled or deleted; and the channel's rate limit, kept in a shared bucket.
 SELECT d.id, d.status, d.attempt, notifier_channel_state(c) AS channel_state,
-       c.disabled_reason
+       c.disabled_reason, c.rate_limit_per_second
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
 WHERE d.id = ANY($1::uuid[]);
 

@@ -2,8 +2,9 @@
 -- `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
 
 -- name: channel_insert
-INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts,
+                      rate_limit_per_second)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING *;
 
 -- name: channel_get
@@ -29,6 +30,8 @@ UPDATE channels SET
     recipient = CASE WHEN 'recipient' = ANY($3::text[]) THEN $6 ELSE recipient END,
     event_types = CASE WHEN 'event_types' = ANY($3::text[]) THEN $7 ELSE event_types END,
     max_attempts = CASE WHEN 'max_attempts' = ANY($3::text[]) THEN $9 ELSE max_attempts END,
+    rate_limit_per_second = CASE WHEN 'rate_limit_per_second' = ANY($3::text[]) THEN $11::float8
+                                 ELSE rate_limit_per_second END,
     enabled = CASE WHEN 'enabled' = ANY($3::text[]) THEN $8 ELSE enabled END,
     disabled_reason = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_reason
                            WHEN $8 THEN NULL WHEN enabled THEN 'disabled through the API'

@@ -29,6 +29,7 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     consecutive_failures: int = 0
     failing_since: datetime | None = None
     last_success_at: datetime | None = None
+    rate_limit_per_second: float | None = None  # across the fleet; None: no limit
 
 
 class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +42,7 @@ class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
     event_types: list[str] | msgspec.UnsetType = msgspec.UNSET
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     max_attempts: int | msgspec.UnsetType | None = msgspec.UNSET
+    rate_limit_per_second: float | msgspec.UnsetType | None = msgspec.UNSET
 
     def named(self) -> list[str]:
         return [f for f in self.__struct_fields__ if getattr(self, f) is not msgspec.UNSET]
@@ -111,6 +113,8 @@ class DeliveryState(msgspec.Struct, frozen=True):
     # of a channel that is not enabled are not attempted.
     channel_state: str = "enabled"
     channel_reason: str | None = None
+    # The channel's rate_limit_per_second (None: no limit), read with its state.
+    rate_limit_per_second: float | None = None
 
 
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):

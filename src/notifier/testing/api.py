@@ -44,6 +44,7 @@ from notifier.store.rows import (
     ReplayPage,
 )
 from notifier.testing import fanout_targets, pattern_matches
+from notifier.testing.buckets import MemoryBuckets
 
 DEFAULT_MAX_ATTEMPTS = 5  # when neither the channel nor its type says (as in insert_events)
 
@@ -73,6 +74,7 @@ class MemoryApiStore(ApiStore):
         self.deliveries: dict[uuid.UUID, _StoredDelivery] = {}
         self.enqueued: list[uuid.UUID] = []  # delivery ids handed to the outbox, in order
         self.unavailable = False
+        self.buckets = MemoryBuckets()  # the ingest rate limit's
         self._last_time = datetime.now(UTC)
 
     # -- for tests ----------------------------------------------------------------------------
@@ -125,6 +127,10 @@ class MemoryApiStore(ApiStore):
         await self._call()
         return self.tenants.get(api_key_hash)
 
+    async def admit(self, key: str, count: int, *, capacity: int, rate: float) -> float:
+        await self._call()
+        return await self.buckets.admit(key, count, capacity=capacity, rate=rate)
+
     # -- channels -----------------------------------------------------------------------------
 
     async def create_channel(
@@ -138,13 +144,15 @@ class MemoryApiStore(ApiStore):
         event_types: list[str],
         enabled: bool,
         max_attempts: int | None,
+        rate_limit_per_second: float | None = None,
     ) -> Channel:
         await self._call()
         now = self._now()
         channel = Channel(
             id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
             recipient=recipient, event_types=list(event_types), enabled=enabled,
-            max_attempts=max_attempts, created_at=now, updated_at=now,
+            max_attempts=max_attempts, rate_limit_per_second=rate_limit_per_second,
+            created_at=now, updated_at=now,
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel

@@ -39,10 +39,13 @@ class MemoryDeliveries:
         attempt: int = 0,
         channel_state: str = "enabled",
         channel_reason: str | None = None,
+        rate_limit_per_second: float | None = None,
     ) -> None:
         """Create (or overwrite) a delivery row; ``channel_state`` is its channel's
-        (``enabled``, ``disabled`` or ``deleted``)."""
-        self.states[delivery_id] = DeliveryState(status, attempt, channel_state, channel_reason)
+        (``enabled``, ``disabled`` or ``deleted``), ``rate_limit_per_second`` its limit."""
+        self.states[delivery_id] = DeliveryState(
+            status, attempt, channel_state, channel_reason, rate_limit_per_second
+        )
 
     def state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
         return self.states.get(delivery_id)

@@ -4,7 +4,7 @@ the outcome observer, the settlement sink and the Sentry reporter."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import trio
 from notifier.adapters.base import Receipt
 from notifier.broker.base import Settle
 from notifier.messages import WorkerMessage
+from notifier.ratelimit import Bucket
 from notifier.worker.observe import Outcome
 
 # -- recording adapter --------------------------------------------------------------------------
@@ -76,22 +77,18 @@ class RecordingAdapter:
 
 class PacedAdapter(RecordingAdapter):
     """A ``RecordingAdapter`` that is also a ``RateLimiter``: at most one delivery per
-    ``interval_seconds`` (trio time); ``check`` answers how long the next one must wait."""
+    ``interval_seconds``, one bucket for all its messages; ``asked`` lists the messages it was
+    asked about."""
 
     def __init__(self, channel_type: str = "webhook", *, interval_seconds: float) -> None:
         super().__init__(channel_type)
         self.interval_seconds = interval_seconds
-        self.waits: list[float] = []  # every non-zero answer of ``check``
-        self._next_free = float("-inf")
+        self.asked: list[WorkerMessage] = []
+        self._bucket = Bucket(f"paced:{channel_type}", 1, interval_seconds)
 
-    def check(self, message: WorkerMessage) -> float | None:
-        now = trio.current_time()
-        if now >= self._next_free:
-            self._next_free = now + self.interval_seconds  # this message takes the slot
-            return None
-        wait = self._next_free - now
-        self.waits.append(wait)
-        return wait
+    def rate_buckets(self, message: WorkerMessage) -> Sequence[Bucket]:
+        self.asked.append(message)
+        return (self._bucket,)
 
 
 # -- recording observer and settlements ---------------------------------------------------------

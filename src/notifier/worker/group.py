@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
+from typing import Protocol
 
 import trio
 from prometheus_client import Gauge
@@ -20,6 +21,7 @@ from notifier.errors import BrokerError
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
+from notifier.ratelimit import SharedBuckets
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.handle import Handler
 from notifier.worker.observe import (
@@ -31,6 +33,11 @@ from notifier.worker.observe import (
 )
 
 log = logging.getLogger("notifier.worker")
+
+
+class WorkerStore(BatchStore, SharedBuckets, Protocol):
+    """What a worker group needs of the store: delivery states and attempts, batched, and the
+    shared rate-limit buckets."""
 
 
 async def worker_task(
@@ -72,7 +79,7 @@ async def run_worker_group(
     channel_type: str,
     config: Config,
     workers: WorkerGroupConfig,
-    store: BatchStore,
+    store: WorkerStore,
     adapter: Adapter,
     stop: Stop,
     *,
@@ -117,6 +124,7 @@ async def run_worker_group(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
                 policy=config.retry,
                 observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
+                limits=store,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             lost = watch_closing(nursery, {

@@ -1,4 +1,5 @@
-"""One message, start to finish (docs/architecture.md §5): decode → skip if settled → rate limit →
+"""One message, start to finish (docs/architecture.md §5): decode → skip if settled → rate limit
+(buckets shared by every process, taken in one statement, only where a limit applies) →
 deliver → publish the retry → record → settle.
 
 Per-message failures never leave ``handle``: anything an adapter raises becomes an attempt row
@@ -33,6 +34,7 @@ from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 from notifier.worker.observe import UNDECODABLE, Observers, Outcome, OutcomeObserver
@@ -83,12 +85,18 @@ class Handler:
         timeout_seconds: float,
         policy: RetryPolicy,
         observer: OutcomeObserver | None = None,
+        limits: SharedBuckets | None = None,
     ) -> None:
         """``observer`` is told what each message came to (``worker.group.outcome_observers``
-        composes the metrics, the log line and Sentry); without one, nothing is told."""
+        composes the metrics, the log line and Sentry); without one, nothing is told.
+        ``limits`` keeps the rate-limit buckets (the store: shared by every process); a message
+        that needs a bucket (its channel's ``rate_limit_per_second``, the adapter's
+        ``rate_buckets``) in a handler without it is a panic."""
         self._store = store
         self._adapter = adapter
         self._limiter = adapter if isinstance(adapter, RateLimiter) else None
+        self._limits = limits
+        self._refusals = Refusals()  # refused takes, answered again here until their time
         self._publish = publish
         self._timeout = timeout_seconds
         self._policy = policy
@@ -190,7 +198,7 @@ class Handler:
                 called=False,
             )  # fmt: skip
         else:
-            attempted = await self._attempt(message)
+            attempted = await self._attempt(message, state.rate_limit_per_second)
         duration_ms = int((trio.current_time() - t0) * 1000)
         now = datetime.now(UTC)
         if attempted.rate_limit_wait is not None:
@@ -223,18 +231,43 @@ class Handler:
         )  # fmt: skip
         return Settle.REQUEUE
 
-    async def _attempt(self, message: WorkerMessage) -> Attempted:
-        """Ask the rate limiter, then the adapter; turn whatever happens into ``Attempted``."""
+    async def _rate_limit_wait(self, message: WorkerMessage, channel_rate: float | None) -> float:
+        """Take a token of every bucket the message needs (the channel's, the adapter's), all
+        or none, in one statement; 0.0 when taken (or none is needed), else the seconds to wait.
+        A message that needs none costs nothing, and neither does one whose buckets were
+        refused a moment ago and cannot have a token yet (``Refusals``)."""
+        buckets: list[Bucket] = []
+        if channel_rate is not None:
+            buckets.append(Bucket.per_second(f"channel:{message.channel_id}", channel_rate))
+        if self._limiter is not None:
+            buckets.extend(self._limiter.rate_buckets(message))
+        if not buckets:
+            return 0.0
+        if self._limits is None:
+            raise RuntimeError("rate limits apply but the handler has no buckets to take them")
+        key = tuple(buckets)
+        asked_at = trio.current_time()
+        if wait := self._refusals.wait(key, asked_at):
+            return wait
+        wait = await self._limits.take_tokens(buckets)
+        if wait > 0:
+            self._refusals.refused(key, asked_at, wait)
+        return wait
+
+    async def _attempt(self, message: WorkerMessage, channel_rate: float | None) -> Attempted:
+        """Take the rate limits, then call the adapter; turn whatever happens into
+        ``Attempted``. A store failure propagates (the message goes back to the queue)."""
         try:
-            if self._limiter is not None:
-                wait = self._limiter.check(message)
-                if wait is not None and wait > 0:
-                    return Attempted(
-                        result=Result.RETRIABLE, rate_limit_wait=wait,
-                        error=f"rate limited: wait {wait:.3g} s", called=False,
-                    )  # fmt: skip
+            wait = await self._rate_limit_wait(message, channel_rate)
+            if wait > 0:
+                return Attempted(
+                    result=Result.RETRIABLE, rate_limit_wait=wait,
+                    error=f"rate limited: wait {wait:.3g} s", called=False,
+                )  # fmt: skip
             with trio.fail_after(self._timeout):
                 receipt = await self._adapter.deliver(message)
+        except StoreError:
+            raise  # the buckets could not be read: handled like any store failure
         except trio.TooSlowError:
             return Attempted(result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s")
         except RetriableError as exc:

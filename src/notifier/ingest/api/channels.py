@@ -53,6 +53,7 @@ def channel_view(
             last_success_at=channel.last_success_at,
         ),
         max_attempts=channel.max_attempts,
+        rate_limit_per_second=channel.rate_limit_per_second,
         created_at=channel.created_at,
         updated_at=channel.updated_at,
     )
@@ -111,7 +112,7 @@ async def create_channel() -> Response:
     channel = await api_context().store.create_channel(
         tenant_id, type=data.type, name=data.name, config=await prepare(validator, data.config),
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
-        max_attempts=data.max_attempts,
+        max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
     )  # fmt: skip
     return json_response(channel_view(channel, validator, reveal=True), 201)
 

@@ -20,7 +20,6 @@ from notifier.ingest.events import Outcome, Pair
 from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.tenants import TenantCache
 from notifier.metrics import Metrics, ScrapeReader
-from notifier.ratelimit import KeyedLimiter, RefillingBucket
 from notifier.store.api import ApiStore
 
 _EXTENSION = "notifier.api"
@@ -35,7 +34,7 @@ class ApiContext:
     tenants: TenantCache  # API key hash → tenant id
     # Single events of concurrent requests, stored together (``ingest.events.store_each``).
     commit: GroupCommit[Pair, Outcome | StoreError]
-    rate_limiter: KeyedLimiter[uuid.UUID] | None  # per tenant; None: no limit
+    rate_limiter: IngestLimit | None  # per tenant, shared by the fleet; None: no limit
     metrics: Metrics
     ingested: Counter  # events stored from the HTTP API
     scrape: ScrapeReader
@@ -57,14 +56,27 @@ def tenants_by_key_hash(store: ApiStore) -> TenantCache:
     return TenantCache(lookup)
 
 
-def rate_limiter(config: Config) -> KeyedLimiter[uuid.UUID] | None:
-    """The per-tenant limiter of ingested events, if ``[ingest]`` sets one."""
+@dataclasses.dataclass(frozen=True)
+class IngestLimit:
+    """The per-API-key limit of ingested events: a refilling bucket of ``capacity`` events,
+    ``rate`` back per second, one per tenant, kept in the store (``notifier.ratelimit``) so
+    that it holds for every ingest process together."""
+
+    capacity: int
+    rate: float
+
+    @staticmethod
+    def key(tenant_id: uuid.UUID) -> str:
+        return f"ingest:{tenant_id}"
+
+
+def rate_limiter(config: Config) -> IngestLimit | None:
+    """The per-tenant limit of ingested events, if ``[ingest]`` sets one. Without one, an
+    ingest costs no statement more."""
     limits = config.ingest
     if limits.rate_limit_per_second <= 0:
         return None
-    return KeyedLimiter(
-        lambda: RefillingBucket(limits.rate_limit_burst, limits.rate_limit_per_second)
-    )
+    return IngestLimit(limits.rate_limit_burst, limits.rate_limit_per_second)
 
 
 def install(app: Quart, context: ApiContext) -> None:

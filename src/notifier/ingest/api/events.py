@@ -7,7 +7,6 @@ import math
 import uuid
 
 import msgspec
-import trio
 from quart import Blueprint, Response, request
 
 from notifier.ingest.api.auth import current_tenant
@@ -39,26 +38,27 @@ def event_view(event: Event, *, with_payload: bool = False) -> EventView:
     )  # fmt: skip
 
 
-def admit(tenant_id: uuid.UUID, count: int) -> None:
-    """Spend ``count`` events of the key's rate limit, or answer 429 writing nothing."""
+async def admit(tenant_id: uuid.UUID, count: int) -> None:
+    """Spend ``count`` events of the key's rate limit (a bucket shared by every ingest
+    process, one statement), or answer 429 writing nothing."""
     ctx = api_context()
-    if ctx.rate_limiter is None:
+    limit = ctx.rate_limiter
+    if limit is None:
         return
-    limits = ctx.config.ingest
-    now = trio.current_time()
-    count = min(count, limits.rate_limit_burst)
-    wait = ctx.rate_limiter.wait(tenant_id, now, count)
+    count = min(count, limit.capacity)
+    wait = await ctx.store.admit(
+        limit.key(tenant_id), count, capacity=limit.capacity, rate=limit.rate
+    )
     if wait > 0:
         raise ApiError(
             429, "rate_limited",
-            f"over {limits.rate_limit_per_second:g} events per second for this API key; "
+            f"over {limit.rate:g} events per second for this API key; "
             f"retry in {math.ceil(wait)} s", {"Retry-After": str(math.ceil(wait))},
         )  # fmt: skip
-    ctx.rate_limiter.take(tenant_id, now, count)
 
 
 async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[IngestResult]:
-    admit(tenant_id, len(events))
+    await admit(tenant_id, len(events))
     ctx = api_context()
     results = await ctx.store.ingest(tenant_id, events, ctx.max_attempts)  # refusals: errors.py
     ctx.ingested.inc(sum(1 for r in results if r.created))
@@ -81,7 +81,7 @@ async def post_event() -> Response:
             )  # fmt: skip
         key = header_key
     event = new_event(data, key)
-    admit(tenant_id, 1)
+    await admit(tenant_id, 1)
     ctx = api_context()
     # Stored together with the events of the requests in flight beside it: one statement, one
     # crossing for all. Its outcome is its own: a conflict or an unknown channel of another

@@ -1,0 +1,209 @@
+"""The shared rate-limit buckets in a migrated database: the SQL functions keep the rules of their
+Python statements (``notifier.ratelimit.TokenBucket``, ``RefillingBucket``) case by case on
+given times; the store's takes are atomic under concurrency (one token is taken once, several
+buckets all or none), also through PgBouncer in transaction pooling; maintenance deletes only
+buckets full again for a while; ``notifier migrate`` brings a database from before the limits up
+to date."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+
+from notifier.ratelimit import Bucket, RefillingBucket, TokenBucket
+from notifier.store import open_store
+from tests.integration.conftest import scalar, sql
+from tests.integration.test_cli import config_file, notifier
+from tests.pgbouncer import pgbouncer_instance
+
+WINDOWS = {"a": (1, 1.0), "b": (3, 2.0), "c": (30, 1.0)}  # key: (tokens, period)
+
+
+def _run(database_url: str, scenario: Any) -> Any:
+    """Run ``scenario(conn)`` on one asyncpg connection of its own."""
+
+    async def run() -> Any:
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await scenario(conn)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_window_buckets_in_sql_keep_the_rule_of_token_bucket(
+    database_url: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    model = {key: TokenBucket(tokens, period) for key, (tokens, period) in WINDOWS.items()}
+    steps: list[tuple[list[str], float]] = []
+    now = 1_000.0
+    for _ in range(300):
+        now += rng.choice([0.0, 0.01, 0.1, 0.25, 0.5, 1.0])
+        steps.append((rng.sample(sorted(WINDOWS), rng.randint(1, 3)), now))
+
+    async def scenario(conn: Any) -> list[float]:
+        waits = []
+        for keys, at in steps:
+            waits.append(await conn.fetchval(
+                "SELECT notifier_rate_take($1::text[], $2::integer[], $3::float8[], $4)",
+                keys, [WINDOWS[k][0] for k in keys], [WINDOWS[k][1] for k in keys], at,
+            ))  # fmt: skip
+        return waits
+
+    got = await trio.to_thread.run_sync(_run, database_url, scenario)
+    taken = 0
+    for (keys, at), wait in zip(steps, got, strict=True):
+        expected = max(model[k].wait(at) for k in keys)
+        assert wait == pytest.approx(expected, abs=1e-6), (keys, at)
+        if expected == 0.0:
+            taken += 1
+            for k in keys:
+                model[k].take(at)
+    assert 0 < taken < len(steps)  # the cases took and refused
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_refilling_buckets_in_sql_keep_the_rule_of_refilling_bucket(
+    database_url: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    capacity, rate = 5, 2.0
+    model = RefillingBucket(capacity, rate)
+    steps: list[tuple[int, float]] = []
+    now = 1_000.0
+    for _ in range(300):
+        now += rng.choice([0.0, 0.05, 0.2, 0.5, 1.0, 3.0])
+        steps.append((rng.randint(1, capacity), now))
+
+    async def scenario(conn: Any) -> list[float]:
+        return [
+            await conn.fetchval(
+                "SELECT notifier_rate_admit('t', $1, $2, $3, $4)", capacity, rate, n, at
+            )
+            for n, at in steps
+        ]
+
+    got = await trio.to_thread.run_sync(_run, database_url, scenario)
+    taken = 0
+    for (n, at), wait in zip(steps, got, strict=True):
+        expected = model.wait(at, n)
+        assert wait == pytest.approx(expected, abs=1e-6), (n, at)
+        if expected == 0.0:
+            taken += 1
+            model.take(at, n)
+    assert 0 < taken < len(steps)
+
+
+async def test_concurrent_takes_of_one_token_take_it_once_and_several_buckets_all_or_none(
+    database_url: str,
+) -> None:
+    chat, bot = Bucket("chat", 1, 60.0), Bucket("bot", 3, 60.0)
+    others = [Bucket(f"chat-{n}", 1, 60.0) for n in range(10)]
+    async with open_store(database_url, max_size=10) as store:
+        waits: list[float] = []
+
+        async def take(buckets: list[Bucket]) -> None:
+            waits.append(await store.take_tokens(buckets))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(take, [chat, bot])
+        assert sorted(waits)[:2] == [0.0, pytest.approx(60.0, abs=5)]  # taken once
+        assert waits.count(0.0) == 1
+        waits.clear()
+        async with trio.open_nursery() as nursery:
+            for other in others:  # 10 chats, the bot has 2 tokens left: only 2 go
+                nursery.start_soon(take, [bot, other])
+        assert waits.count(0.0) == 2
+        # the refused chats were not taken from: on their own, each still has its token
+        spent = await sql(database_url, "SELECT key FROM rate_buckets WHERE spent <> '{}'")
+        assert len([r for r in spent if r["key"].startswith("chat-")]) == 2
+        assert await store.take_tokens([]) == 0.0
+
+
+async def test_maintenance_deletes_only_buckets_full_again_for_a_minute(
+    database_url: str,
+) -> None:
+    await sql(
+        database_url,
+        "SELECT notifier_rate_take(ARRAY['old'], ARRAY[1], ARRAY[1.0],"
+        " extract(epoch FROM now())::float8 - 120)",
+    )
+    await sql(database_url, "SELECT notifier_rate_admit('old-ingest', 5, 1.0, 5, 1000.0)")
+    async with open_store(database_url) as store:
+        await store.take_tokens([Bucket("busy", 1, 1.0)])
+        await store.admit("ingest", 3, capacity=3, rate=0.01)  # full again in 300 s
+        assert await store.clean_rate_buckets(limit=1) == 1
+        assert await store.clean_rate_buckets(limit=10) == 1
+        assert await store.clean_rate_buckets(limit=10) == 0
+    kept = {r["key"] for r in await sql(database_url, "SELECT key FROM rate_buckets")}
+    assert kept == {"busy", "ingest"}
+    assert await scalar(database_url, "SELECT relpersistence::text FROM pg_class"
+                        " WHERE relname = 'rate_buckets'") == "u"  # fmt: skip
+
+
+async def test_a_key_given_twice_in_one_take_is_refused(database_url: str) -> None:
+    async with open_store(database_url) as store:
+        with pytest.raises(ValueError, match="twice"):
+            await store.take_tokens([Bucket("k", 1, 1.0), Bucket("k", 1, 1.0)])
+
+
+async def test_migrate_adds_the_limits_to_an_older_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    tenant, channel = uuid.uuid4(), uuid.uuid4()
+    await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
+              tenant)  # fmt: skip
+    await sql(
+        database_url,
+        "INSERT INTO channels (id, tenant_id, type, config) VALUES ($1, $2, 'webhook', $3)",
+        channel, tenant, json.dumps({"url": "https://example.com"}),
+    )  # fmt: skip
+    for statement in (
+        "DROP TABLE rate_buckets",
+        "DROP FUNCTION notifier_rate_take",
+        "DROP FUNCTION notifier_rate_admit",
+        "DROP FUNCTION notifier_rate_lock",
+        "ALTER TABLE channels DROP COLUMN rate_limit_per_second",
+    ):
+        await sql(database_url, statement)
+    done = notifier("migrate", "--config", str(config_file(tmp_path, database_url)))
+    assert done.returncode == 0, done.stderr
+    assert await scalar(
+        database_url, "SELECT rate_limit_per_second FROM channels WHERE id = $1", channel
+    ) is None  # fmt: skip
+    assert await scalar(
+        database_url, "SELECT notifier_rate_take(ARRAY['k'], ARRAY[1], ARRAY[1.0])"
+    ) == 0.0  # fmt: skip
+
+
+async def test_the_buckets_hold_through_pgbouncer_in_transaction_pooling(
+    database_url: str,
+) -> None:
+    chat = Bucket("chat", 1, 60.0)
+    with pgbouncer_instance(pool_size=2) as bouncer:
+        await bouncer.start()
+        url = bouncer.url(database_url.rsplit("/", 1)[1])
+        async with open_store(url, max_size=6, pooler="pgbouncer") as store:
+            waits: list[float] = []
+
+            async def take() -> None:
+                waits.append(await store.take_tokens([chat, Bucket("bot", 30, 1.0)]))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):  # concurrent: on both server connections
+                    nursery.start_soon(take)
+            assert waits.count(0.0) == 1
+            assert await store.admit("ingest", 2, capacity=2, rate=0.01) == 0.0
+            assert await store.admit("ingest", 1, capacity=2, rate=0.01) > 90
