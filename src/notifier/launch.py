@@ -17,15 +17,13 @@ What the children share, the parent made:
 
 A child that exits is started again after a backoff (``RestartPolicy``), and logged with its exit
 code. A child that exits before it was ready failed to start; when one slot fails to start
-``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and
-with 2, when the child refused the config (what only a child checks, such as the secrets of the
-``workers`` role). A child the parent cannot start again (no process, no pipe, no
-interpreter) counts as a failed start too; should the parent itself fail, it still stops every
-child gracefully before it kills what is left. SIGTERM or
-SIGINT is passed on to every child (a second one too, even when both came together: the
-children stop at once); the parent
-waits ``shutdown_grace_seconds`` plus a margin, kills what is left, and exits 0 when every child
-stopped by itself.
+``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and with
+2, when the child refused the config (what only a child checks, such as the secrets of the
+``workers`` role). A child the parent cannot start again (no process, no pipe, no interpreter)
+counts as a failed start too; should the parent itself fail, it still stops every child gracefully
+before it kills what is left. SIGTERM or SIGINT is passed on to every child (a second one too, even
+when both came together: the children stop at once); the parent waits ``shutdown_grace_seconds``
+plus a margin, kills what is left, and exits 0 when every child stopped by itself.
 """
 
 from __future__ import annotations
