@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -313,9 +314,42 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
                 raise ConfigError(f"{section}: expected a table")
             table[key] = _env_value(var, value)
     try:
-        return msgspec.convert(merged, Config)
+        config = msgspec.convert(merged, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(_friendly(exc)) from exc
+    for key in ("url", "listen_url"):
+        if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
+            raise ConfigError(f"database.{key}: {problem}")
+    return config
+
+
+_ENCODE_HINT = "percent-encode / # ? : @ in the user name and password (%2F %23 %3F %3A %40)"
+
+
+def postgres_url_problem(url: str) -> str | None:
+    """What keeps asyncpg from reading ``url`` as a Postgres DSN, or ``None``. Never a part of
+    the URL: it holds a password. Checked as asyncpg reads it (the user and password before
+    the first ``@``; hosts separated by commas, each with an optional numeric port), so a
+    password with an unencoded ``/``, ``#``, ``?`` or ``@`` is caught here, at the start,
+    not as a baffling error of every connection."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("postgres", "postgresql"):
+        return "must be a postgresql:// URL"
+    hosts = parts.netloc.partition("@")[2] if "@" in parts.netloc else parts.netloc
+    for host in hosts.split(",") if hosts else ():
+        if host.startswith("["):
+            bracketed = re.fullmatch(r"\[[^\]]+\](?::(.*))?", host)
+            port = (bracketed.group(1) or "") if bracketed else "x"
+        else:
+            name, _, port = host.partition(":")
+            if "@" in name:
+                return f"a host name with @ in it: {_ENCODE_HINT}"
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
+    return None
 
 
 def load_config(
