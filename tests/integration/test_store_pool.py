@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from notifier.bridge import aio, open_bridge
+from notifier.store.admin import AdminQueries
 from notifier.store.pool import create_pool
 
 pytestmark = pytest.mark.integration
@@ -89,3 +90,24 @@ async def test_transaction_control_outside_a_transaction_is_sent_as_is_behind_a_
         begin, "SHOW statement_timeout", "COMMIT;",
         begin, "ROLLBACK", "ROLLBACK",
     ]  # fmt: skip
+
+
+async def test_the_ping_sends_its_select_alone_behind_a_pooler(database_url: str) -> None:
+    # A BEGIN and COMMIT around it would each be a round trip its timeout does not bound.
+    async with open_bridge():
+        raw, pool = await create_pool(
+            database_url, max_size=1, connect_timeout_seconds=5, acquire_timeout_seconds=2,
+            statement_timeout_seconds=3, pooler="pgbouncer",
+        )  # fmt: skip
+        sent: list[str] = []
+
+        async def listen() -> None:
+            async with pool.acquire() as conn:  # the only one (max_size=1)
+                conn.add_query_logger(lambda record: sent.append(record.query))
+
+        try:
+            await aio(listen)
+            await AdminQueries(pool, None).ping(2)
+        finally:
+            await aio(raw.close)
+    assert sent == ["SELECT 1"]

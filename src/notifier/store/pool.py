@@ -142,8 +142,13 @@ class _Connection(asyncpg.Connection):
     async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
         return await self._bounded(super().fetchrow(*args, **kwargs))
 
-    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._bounded(super().fetchval(*args, **kwargs))
+    async def fetchval(self, *args: Any, bare: bool = False, **kwargs: Any) -> Any:
+        """asyncpg's ``fetchval``; ``bare``: never in a transaction of its own (a statement
+        that needs no server-side timeout, whose ``timeout`` must bound all it sends)."""
+        statement = super().fetchval(*args, **kwargs)
+        if bare:
+            return await self._closing_on_timeout(statement)
+        return await self._bounded(statement)
 
     async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
         return await self._bounded(super().fetchmany(*args, **kwargs))
