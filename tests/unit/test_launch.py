@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from notifier import cli
-from notifier.config import available_cores, parse_config
+from notifier.config import available_cores, cpu_quota_cores, parse_config
 from notifier.errors import ConfigError
 from notifier.ingest.serve import LISTEN_FDS_ENV, adopt_listeners, open_listeners
 from notifier.launch import READY_FD_ENV, Launch, RestartPolicy, child_argv, notify_ready
@@ -34,7 +34,33 @@ def test_processes_takes_a_count_or_auto() -> None:
     assert parse_config({"service": {"processes": 3}}, env={}).service.process_count() == 3
     auto = parse_config({"service": {"processes": "auto"}}, env={}).service
     assert auto.processes == "auto"
-    assert auto.process_count() == available_cores() == len(os.sched_getaffinity(0))
+    assert auto.process_count() == available_cores()
+    assert 1 <= available_cores() <= len(os.sched_getaffinity(0))  # a cgroup quota may lower it
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [
+        ("max 100000", None),  # no quota
+        ("200000 100000\n", 2),  # docker --cpus 2
+        ("150000 100000", 2),  # 1.5 cores: rounded up
+        ("50000 100000", 1),  # half a core: still one process
+        ("", None),
+        ("max", None),
+        ("x 100000", None),
+        ("0 100000", None),
+    ],
+)
+def test_a_cgroup_cpu_quota_is_read_as_cores(cpu_max: str, cores: int | None) -> None:
+    assert cpu_quota_cores(cpu_max) == cores
+
+
+def test_auto_is_the_affinity_lowered_to_the_tightest_cgroup_quota() -> None:
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cores([]) == affinity
+    assert available_cores(["max 100000", "max 100000"]) == affinity
+    assert available_cores([f"{(affinity + 4) * 100000} 100000"]) == affinity  # above: no effect
+    assert available_cores(["max 100000", "100000 100000", "300000 100000"]) == 1
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", ""])
