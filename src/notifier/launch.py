@@ -55,6 +55,8 @@ EXIT_USAGE = 2  # a child's exit code for a config it refuses (as notifier.cli)
 # What the parent waits for beyond the grace period: a child's own bound (grace + 1 s) plus
 # closing its pools and connections.
 SHUTDOWN_MARGIN_SECONDS = 5.0
+# Between two SIGTERMs to a child: two sent closer together may reach it as one.
+SIGNAL_GAP_SECONDS = 0.2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -276,9 +278,10 @@ class Launch:
     def _stop_all(self, selector: selectors.BaseSelector) -> bool:
         """SIGTERM every child, wait for them (passing on a second signal), kill the rest.
         True when every child stopped by itself (exited 0, or on the SIGTERM itself)."""
-        # The first signal is passed on now; a second one noted with it, in the loop at once.
+        # The first signal is passed on now; a second one noted with it, in the loop (soon).
         forwarded = min(len(self._signals), 1)
         self._signal_children(signal.SIGTERM)
+        signalled_at = self._clock()
         if self._listeners is not None:
             # The children close their copies as they stop taking requests; with the parent's
             # gone too, new connections are refused, as by a single process that stops.
@@ -290,8 +293,11 @@ class Launch:
                 log.error("processes still running after the grace period: killing them")
                 self._kill_all()
                 return False
-            if len(self._signals) > forwarded:
-                forwarded = len(self._signals)
+            # Not closer to the previous SIGTERM than the gap: a child that has not taken that
+            # one yet would take both as one.
+            gap_over = self._clock() - signalled_at >= SIGNAL_GAP_SECONDS
+            if len(self._signals) > forwarded and gap_over:
+                forwarded, signalled_at = len(self._signals), self._clock()
                 log.warning("second signal: stopping the processes now")
                 self._signal_children(signal.SIGTERM)
             time.sleep(0.05)
