@@ -8,11 +8,14 @@ the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIE
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -52,12 +55,51 @@ class ServiceConfig(_Section, frozen=True):
         return available_cores() if self.processes == "auto" else self.processes
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def available_cores(cpu_limits: Iterable[str] | None = None) -> int:
+    """The cores this process may use, at least 1: its CPU affinity, lowered to the CPU quota
+    of its cgroup (``docker --cpus``, systemd's ``CPUQuota=``), rounded up. ``cpu_limits``:
+    the ``cpu.max`` of its cgroup and of each one above it (cgroup v2); by default read from
+    ``/sys/fs/cgroup``."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    for cpu_max in _cgroup_cpu_limits() if cpu_limits is None else cpu_limits:
+        if (quota := cpu_quota_cores(cpu_max)) is not None:
+            cores = min(cores, quota)
+    return cores
+
+
+def cpu_quota_cores(cpu_max: str) -> int | None:
+    """The cores a cgroup v2 ``cpu.max`` (``"max 100000"``, ``"200000 100000"``: quota and
+    period in µs) allows, rounded up, at least 1; ``None`` without a quota (or unreadable)."""
+    fields = cpu_max.split()
+    if len(fields) != 2 or not all(f.isascii() and f.isdigit() for f in fields):
+        return None
+    quota, period = int(fields[0]), int(fields[1])
+    if quota == 0 or period == 0:
+        return None
+    return max(1, math.ceil(quota / period))
+
+
+def _cgroup_cpu_limits() -> Iterator[str]:
+    """The ``cpu.max`` of this process's cgroup v2 and of each cgroup above it, as found."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if path is None:  # no cgroup v2 (v1 quotas are not read)
+        return
+    group = CGROUP_ROOT / path.strip().lstrip("/")
+    for directory in (group, *group.parents):
+        with contextlib.suppress(OSError):
+            yield (directory / "cpu.max").read_text()
+        if directory == CGROUP_ROOT:
+            return
 
 
 # Postgres takes statement_timeout in whole milliseconds, and 0 would turn it off.
@@ -313,9 +355,42 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
                 raise ConfigError(f"{section}: expected a table")
             table[key] = _env_value(var, value)
     try:
-        return msgspec.convert(merged, Config)
+        config = msgspec.convert(merged, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(_friendly(exc)) from exc
+    for key in ("url", "listen_url"):
+        if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
+            raise ConfigError(f"database.{key}: {problem}")
+    return config
+
+
+_ENCODE_HINT = "percent-encode / # ? : @ in the user name and password (%2F %23 %3F %3A %40)"
+
+
+def postgres_url_problem(url: str) -> str | None:
+    """What keeps asyncpg from reading ``url`` as a Postgres DSN, or ``None``. Never a part of
+    the URL: it holds a password. Checked as asyncpg reads it (the user and password before
+    the first ``@``; hosts separated by commas, each with an optional numeric port), so a
+    password with an unencoded ``/``, ``#``, ``?`` or ``@`` is caught here, at the start,
+    not as a baffling error of every connection."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("postgres", "postgresql"):
+        return "must be a postgresql:// URL"
+    hosts = parts.netloc.partition("@")[2] if "@" in parts.netloc else parts.netloc
+    for host in hosts.split(",") if hosts else ():
+        if host.startswith("["):
+            bracketed = re.fullmatch(r"\[[^\]]+\](?::(.*))?", host)
+            port = (bracketed.group(1) or "") if bracketed else "x"
+        else:
+            name, _, port = host.partition(":")
+            if "@" in name:
+                return f"a host name with @ in it: {_ENCODE_HINT}"
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
+    return None
 
 
 def load_config(

@@ -17,12 +17,13 @@ What the children share, the parent made:
 
 A child that exits is started again after a backoff (``RestartPolicy``), and logged with its exit
 code. A child that exits before it was ready failed to start; when one slot fails to start
-``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and
-with 2, when the child refused the config (what only a child checks, such as the secrets of the
-``workers`` role). SIGTERM or
-SIGINT is passed on to every child (a second one too: the children stop at once); the parent
-waits ``shutdown_grace_seconds`` plus a margin, kills what is left, and exits 0 when every child
-stopped by itself.
+``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and with
+2, when the child refused the config (what only a child checks, such as the secrets of the
+``workers`` role). A child the parent cannot start again (no process, no pipe, no interpreter)
+counts as a failed start too; should the parent itself fail, it still stops every child gracefully
+before it kills what is left. SIGTERM or SIGINT is passed on to every child (a second one too, even
+when both came together: the children stop at once); the parent waits ``shutdown_grace_seconds``
+plus a margin, kills what is left, and exits 0 when every child stopped by itself.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ EXIT_USAGE = 2  # a child's exit code for a config it refuses (as notifier.cli)
 # What the parent waits for beyond the grace period: a child's own bound (grace + 1 s) plus
 # closing its pools and connections.
 SHUTDOWN_MARGIN_SECONDS = 5.0
+# Between two SIGTERMs to a child: two sent closer together may reach it as one.
+SIGNAL_GAP_SECONDS = 0.2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -130,6 +133,12 @@ class Launch:
                 for slot in self._slots:
                     self._start(slot, selector)
                 return self._supervise(selector, wakeup)
+            except Exception:
+                # The parent itself failed: the children still stop gracefully, each draining
+                # what it holds, before what is left is killed.
+                log.exception("launch failed: stopping every process")
+                self._stop_all(selector)
+                raise
             finally:
                 self._kill_all()
                 selector.close()
@@ -150,7 +159,30 @@ class Launch:
                         self._stop_all(selector)
                         return code
                 elif slot.proc is None and self._clock() >= slot.start_due:
-                    self._start(slot, selector)
+                    code = self._start_again(slot, selector)
+                    if code is not None:
+                        self._stop_all(selector)
+                        return code
+
+    def _start_again(self, slot: Slot, selector: selectors.BaseSelector) -> int | None:
+        """Start ``slot``'s child again. When the parent cannot (no pipe, no process, no
+        interpreter: EAGAIN, ENOMEM, EMFILE, ENOENT), that is a failed start, with its
+        backoff; or, when it is time to give up, the launch's exit code."""
+        try:
+            self._start(slot, selector)
+        except (OSError, subprocess.SubprocessError) as exc:
+            slot.start_failures_in_a_row += 1
+            slot.exits_in_a_row += 1
+            if slot.start_failures_in_a_row >= self._policy.max_start_failures:
+                log.error("process %d could not be started: %r", slot.index, exc)
+                log.error("process %d failed to start %d times in a row: stopping the launch",
+                          slot.index, slot.start_failures_in_a_row)  # fmt: skip
+                return 1
+            delay = self._policy.delay(slot.exits_in_a_row)
+            log.error("process %d could not be started: %r; trying again in %.1f s",
+                      slot.index, exc, delay)  # fmt: skip
+            slot.start_due = self._clock() + delay
+        return None
 
     def _start(self, slot: Slot, selector: selectors.BaseSelector) -> None:
         read_fd, write_fd = os.pipe()
@@ -246,8 +278,10 @@ class Launch:
     def _stop_all(self, selector: selectors.BaseSelector) -> bool:
         """SIGTERM every child, wait for them (passing on a second signal), kill the rest.
         True when every child stopped by itself (exited 0, or on the SIGTERM itself)."""
-        forwarded = len(self._signals)
+        # The first signal is passed on now; a second one noted with it, in the loop (soon).
+        forwarded = min(len(self._signals), 1)
         self._signal_children(signal.SIGTERM)
+        signalled_at = self._clock()
         if self._listeners is not None:
             # The children close their copies as they stop taking requests; with the parent's
             # gone too, new connections are refused, as by a single process that stops.
@@ -259,8 +293,11 @@ class Launch:
                 log.error("processes still running after the grace period: killing them")
                 self._kill_all()
                 return False
-            if len(self._signals) > forwarded:
-                forwarded = len(self._signals)
+            # Not closer to the previous SIGTERM than the gap: a child that has not taken that
+            # one yet would take both as one.
+            gap_over = self._clock() - signalled_at >= SIGNAL_GAP_SECONDS
+            if len(self._signals) > forwarded and gap_over:
+                forwarded, signalled_at = len(self._signals), self._clock()
                 log.warning("second signal: stopping the processes now")
                 self._signal_children(signal.SIGTERM)
             time.sleep(0.05)
@@ -359,5 +396,8 @@ def _die_with_parent() -> None:
 
 def _describe_exit(code: int) -> str:
     if code < 0:
-        return f"on signal {signal.Signals(-code).name}"
+        try:
+            return f"on signal {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            return f"on signal {-code}"
     return f"with code {code}"

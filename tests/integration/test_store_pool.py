@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from notifier.bridge import aio, open_bridge
+from notifier.store.admin import AdminQueries
 from notifier.store.pool import create_pool
 
 pytestmark = pytest.mark.integration
@@ -41,3 +42,72 @@ async def test_giving_a_connection_back_sends_nothing_unless_a_transaction_is_op
             await aio(raw.close)
     assert sent == ["SELECT 1", "BEGIN", "ROLLBACK"]
     assert not in_transaction
+
+
+async def test_transaction_control_outside_a_transaction_is_sent_as_is_behind_a_pooler(
+    database_url: str,
+) -> None:
+    """With ``pooler="pgbouncer"`` a bare statement runs in a transaction of its own, with the
+    statement timeout as SET LOCAL; a bare COMMIT or ROLLBACK is sent as it is (wrapped, it
+    would end the wrapper's transaction and the wrapper's COMMIT would be wrapped again), and so
+    is the pool's ROLLBACK on release when asyncpg still holds a transaction the server ended."""
+    async with open_bridge():
+        raw, pool = await create_pool(
+            database_url, max_size=1, connect_timeout_seconds=5, acquire_timeout_seconds=2,
+            statement_timeout_seconds=3, pooler="pgbouncer",
+        )  # fmt: skip
+        sent: list[str] = []
+
+        async def scenario() -> tuple[str, str, bool]:
+            conn = await pool.acquire()
+            conn.add_query_logger(lambda record: sent.append(record.query))
+            try:
+                await conn.execute("ROLLBACK")
+                await conn.execute("  commit")
+                bare = await conn.fetchval("SHOW statement_timeout")
+                async with conn.transaction():
+                    inside = await conn.fetchval("SHOW statement_timeout")
+                tx = conn.transaction()
+                await tx.start()
+                await conn.execute("ROLLBACK")  # ends it on the server; asyncpg still holds it
+            finally:
+                await pool.release(conn)
+            conn = await pool.acquire()
+            try:
+                return bare, inside, bool(conn.is_in_transaction())
+            finally:
+                await pool.release(conn)
+
+        try:
+            bare, inside, in_transaction = await aio(scenario)
+        finally:
+            await aio(raw.close)
+    assert (bare, inside, in_transaction) == ("3s", "3s", False)
+    begin = "BEGIN; SET LOCAL statement_timeout = 3000;"
+    assert sent == [
+        "ROLLBACK", "  commit",
+        begin, "SHOW statement_timeout", "COMMIT",
+        begin, "SHOW statement_timeout", "COMMIT;",
+        begin, "ROLLBACK", "ROLLBACK",
+    ]  # fmt: skip
+
+
+async def test_the_ping_sends_its_select_alone_behind_a_pooler(database_url: str) -> None:
+    # A BEGIN and COMMIT around it would each be a round trip its timeout does not bound.
+    async with open_bridge():
+        raw, pool = await create_pool(
+            database_url, max_size=1, connect_timeout_seconds=5, acquire_timeout_seconds=2,
+            statement_timeout_seconds=3, pooler="pgbouncer",
+        )  # fmt: skip
+        sent: list[str] = []
+
+        async def listen() -> None:
+            async with pool.acquire() as conn:  # the only one (max_size=1)
+                conn.add_query_logger(lambda record: sent.append(record.query))
+
+        try:
+            await aio(listen)
+            await AdminQueries(pool, None).ping(2)
+        finally:
+            await aio(raw.close)
+    assert sent == ["SELECT 1"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from notifier import cli
-from notifier.config import available_cores, parse_config
+from notifier.config import available_cores, cpu_quota_cores, parse_config
 from notifier.errors import ConfigError
 from notifier.ingest.serve import LISTEN_FDS_ENV, adopt_listeners, open_listeners
 from notifier.launch import READY_FD_ENV, Launch, RestartPolicy, child_argv, notify_ready
@@ -34,7 +34,33 @@ def test_processes_takes_a_count_or_auto() -> None:
     assert parse_config({"service": {"processes": 3}}, env={}).service.process_count() == 3
     auto = parse_config({"service": {"processes": "auto"}}, env={}).service
     assert auto.processes == "auto"
-    assert auto.process_count() == available_cores() == len(os.sched_getaffinity(0))
+    assert auto.process_count() == available_cores()
+    assert 1 <= available_cores() <= len(os.sched_getaffinity(0))  # a cgroup quota may lower it
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [
+        ("max 100000", None),  # no quota
+        ("200000 100000\n", 2),  # docker --cpus 2
+        ("150000 100000", 2),  # 1.5 cores: rounded up
+        ("50000 100000", 1),  # half a core: still one process
+        ("", None),
+        ("max", None),
+        ("x 100000", None),
+        ("0 100000", None),
+    ],
+)
+def test_a_cgroup_cpu_quota_is_read_as_cores(cpu_max: str, cores: int | None) -> None:
+    assert cpu_quota_cores(cpu_max) == cores
+
+
+def test_auto_is_the_affinity_lowered_to_the_tightest_cgroup_quota() -> None:
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cores([]) == affinity
+    assert available_cores(["max 100000", "max 100000"]) == affinity
+    assert available_cores([f"{(affinity + 4) * 100000} 100000"]) == affinity  # above: no effect
+    assert available_cores(["max 100000", "100000 100000", "300000 100000"]) == 1
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", ""])
@@ -216,3 +242,103 @@ def test_a_child_that_refuses_the_config_ends_the_launch_at_once_with_2(
     assert launch.run() == 2
     assert "refused the config: stopping the launch" in caplog.text
     assert "starting it again" not in caplog.text
+
+
+def test_a_child_ended_by_a_real_time_signal_is_described_by_its_number(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Real-time signals have no name in `signal.Signals`; the parent must not crash on one.
+    rt_signal = signal.SIGRTMIN + 6
+    code = f"import os; os.kill(os.getpid(), {rt_signal})"
+    launch = Launch(_child(code), 1, listeners=None, grace_seconds=1, policy=FAST)
+    assert launch.run() == 1
+    assert f"exited on signal {rt_signal} before it was ready" in caplog.text
+
+
+COUNT_SIGTERMS = f"""
+import os, pathlib, signal, sys, time
+seen = []
+def on_term(*_):
+    seen.append(1)
+    pathlib.Path({{marker!r}}).write_text(str(len(seen)))
+    if len(seen) == 2:
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+os.write(int(os.environ[{READY_FD_ENV!r}]), b"1")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_two_signals_at_once_stop_the_children_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two signals noted together: the first SIGTERM, then at once the second, which stops a
+    child at once (this one exits on its second SIGTERM only)."""
+    caplog.set_level(logging.INFO, "notifier.launch")
+    marker = tmp_path / "sigterms"
+    launch = Launch(_child(COUNT_SIGTERMS.format(marker=str(marker))), 1, listeners=None,
+                    grace_seconds=10, policy=FAST, shutdown_margin_seconds=0.5)  # fmt: skip
+    done = threading.Event()
+
+    def send_two() -> None:
+        deadline = time.monotonic() + 60
+        while "launch running: 1 processes" not in caplog.text:
+            if done.wait(0.02) or time.monotonic() > deadline:
+                return
+        # One after the other in this thread, holding the interpreter: the launch notes both
+        # before it looks at its signals.
+        os.kill(os.getpid(), signal.SIGTERM), os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=send_two)
+    sender.start()
+    try:
+        assert launch.run() == 0  # not killed after the grace period
+    finally:
+        done.set()
+        sender.join()
+    assert marker.read_text() == "2"
+    assert "second signal: stopping the processes now" in caplog.text
+
+
+FIRST_TO_START_BREAKS_THE_INTERPRETER = f"""
+import os, pathlib, signal, sys, time
+work = pathlib.Path({{work!r}})
+(work / f"started-{{{{os.getpid()}}}}").touch()
+try:
+    os.close(os.open(work / "broken", os.O_CREAT | os.O_EXCL))
+    first = True
+except FileExistsError:
+    first = False
+if not first:
+    signal.signal(signal.SIGTERM, lambda *_: (work / "stopped").touch() or sys.exit(0))
+os.write(int(os.environ[{READY_FD_ENV!r}]), b"1")
+if first:
+    while len(list(work.glob("started-*"))) < 2:
+        time.sleep(0.02)
+    os.unlink({{interpreter!r}})  # no child can start again
+    sys.exit(1)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_child_that_cannot_be_started_again_stops_the_others_gracefully(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting a child again fails in the parent (the interpreter is gone): each failure
+    counts as a failed start, with its backoff, and when the launch gives up, the other child
+    gets SIGTERM and its grace period, not SIGKILL."""
+    caplog.set_level(logging.INFO, "notifier.launch")
+    work, interpreter = tmp_path / "work", tmp_path / "python"
+    work.mkdir()
+    interpreter.symlink_to(sys.executable)
+    code = FIRST_TO_START_BREAKS_THE_INTERPRETER.format(
+        work=str(work), interpreter=str(interpreter)
+    )
+    launch = Launch([str(interpreter), "-c", code], 2, listeners=None, grace_seconds=10,
+                    policy=FAST, shutdown_margin_seconds=0.5)  # fmt: skip
+    assert launch.run() == 1
+    assert (work / "stopped").exists()
+    assert len(re.findall(r"process \d could not be started: .*No such file", caplog.text)) == 3
+    assert re.search(r"process \d failed to start 3 times in a row", caplog.text)

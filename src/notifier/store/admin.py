@@ -9,7 +9,7 @@ import uuid
 
 import asyncpg
 
-from notifier.store.base import SCHEMA_PATH, Q, crossing, transaction
+from notifier.store.base import SCHEMA_PATH, Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
@@ -38,11 +38,14 @@ class AdminQueries(Queries):
         included); ``StoreUnavailable`` when it does not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
-        async with self._pool.acquire(timeout_seconds) as conn:
+        async with self._pool.acquire(timeout_seconds) as proxy:
+            conn: Conn = proxy  # the store's own connection behind asyncpg's proxy: takes `bare`
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError("no connection in time")
-            await conn.fetchval("SELECT 1", timeout=left)
+            # Bare: behind a transaction pooler, a BEGIN and a COMMIT around it would each be
+            # another round trip that ``left`` does not bound.
+            await conn.fetchval("SELECT 1", timeout=left, bare=True)
 
     @transaction
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:

@@ -12,7 +12,7 @@ import asyncpg
 import trio
 
 from notifier.bridge import aio
-from notifier.errors import StoreUnavailable
+from notifier.errors import StoreError, StoreUnavailable
 from notifier.hint import Doorbell
 from notifier.store.base import UNAVAILABLE, Conn, Q, crossing
 from notifier.store.pool import Pool, Queries
@@ -72,10 +72,20 @@ class OutboxQueries(Queries):
         def on_notify(*_: object) -> None:  # asyncio-flavoured callback
             token.run_sync_soon(bell.ring)
 
+        unreadable = ""
         try:
             conn: asyncpg.Connection = await aio(asyncpg.connect, self._listen_dsn, timeout=10)
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+        except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
+            unreadable = type(exc).__name__
+        if unreadable:
+            # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
+            # the exception itself (not even as the context of this one) goes any further.
+            raise StoreError(
+                "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
+                f"or database.url without it): {unreadable}"
+            )
         try:
             try:
                 await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)

@@ -43,6 +43,11 @@ Pooler = Literal["none", "pgbouncer"]
 
 # How asyncpg's ``Transaction.start`` opens a top-level transaction: one simple query.
 _BEGIN = re.compile(r"BEGIN( [A-Z ]+)?;", re.ASCII)
+# Statements that open, end or mark a transaction: never run in a transaction of our own.
+_TRANSACTION_CONTROL = re.compile(
+    r"\s*(COMMIT|ROLLBACK|END|ABORT|SAVEPOINT|RELEASE|BEGIN|START\s+TRANSACTION)\b",
+    re.IGNORECASE | re.ASCII,
+)
 
 
 class _Connection(asyncpg.Connection):
@@ -78,34 +83,54 @@ class _Connection(asyncpg.Connection):
             self.terminate()
             raise
 
+    def _in_transaction(self) -> bool:
+        # asyncpg's own transaction counts from before its BEGIN is sent until after its
+        # COMMIT or ROLLBACK has been: a statement sent meanwhile must not open one of ours.
+        return bool(self.is_in_transaction()) or getattr(self, "_top_xact", None) is not None
+
     async def _bounded(self, statement: Coroutine[Any, Any, T]) -> T:
         """``statement``, in a transaction of its own when ``_per_transaction`` asks for one
-        and none is open."""
-        if not self._per_transaction or self.is_in_transaction():
+        and none is open.
+
+        The transaction's own statements go straight to asyncpg, never through this class's
+        ``execute`` (which would wrap them again)."""
+        if not self._per_transaction or self._in_transaction():
             return await self._closing_on_timeout(statement)
-        tx = self.transaction()
         try:
-            await tx.start()
+            await self._closing_on_timeout(super().execute(f"BEGIN; {self._per_transaction}"))
         except BaseException:
             statement.close()
+            await self._abandon()
             raise
         try:
             result = await self._closing_on_timeout(statement)
         except BaseException:
-            if not self.is_closed():
-                try:
-                    await tx.rollback()
-                except Exception:  # never instead of the statement's own error
-                    self.terminate()  # in an unknown state: the pool opens a fresh one
+            await self._abandon()  # never instead of the statement's own error
             raise
-        await tx.commit()
+        if self.is_in_transaction():  # not ended by the statement itself
+            await self._closing_on_timeout(super().execute("COMMIT"))
         return result
 
+    async def _abandon(self) -> None:
+        """Roll back the transaction ``_bounded`` opened, if it is still open; a connection
+        that cannot is closed (in an unknown state: the pool opens a fresh one)."""
+        if self.is_closed() or not self.is_in_transaction():
+            return
+        try:
+            await self._closing_on_timeout(super().execute("ROLLBACK"))
+        except Exception:
+            self.terminate()
+
     async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        top_level_begin = not args and _BEGIN.fullmatch(query) and not self.is_in_transaction()
-        if self._per_transaction and top_level_begin:  # asyncpg's Transaction.start
+        # asyncpg's Transaction.start (its ``_top_xact`` already set, the server not yet in it)
+        begin = not args and not self.is_in_transaction() and _BEGIN.fullmatch(query)
+        if self._per_transaction and begin:
             query = f"{query} {self._per_transaction}"
             return await self._closing_on_timeout(super().execute(query, **kwargs))
+        if _TRANSACTION_CONTROL.match(query):
+            # Wrapped in a transaction of its own, a bare COMMIT or ROLLBACK would end that
+            # one, and the wrapper's COMMIT would then be wrapped again, without end.
+            return await self._closing_on_timeout(super().execute(query, *args, **kwargs))
         return await self._bounded(super().execute(query, *args, **kwargs))
 
     async def executemany(self, *args: Any, **kwargs: Any) -> Any:
@@ -117,8 +142,13 @@ class _Connection(asyncpg.Connection):
     async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
         return await self._bounded(super().fetchrow(*args, **kwargs))
 
-    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._bounded(super().fetchval(*args, **kwargs))
+    async def fetchval(self, *args: Any, bare: bool = False, **kwargs: Any) -> Any:
+        """asyncpg's ``fetchval``; ``bare``: never in a transaction of its own (a statement
+        that needs no server-side timeout, whose ``timeout`` must bound all it sends)."""
+        statement = super().fetchval(*args, **kwargs)
+        if bare:
+            return await self._closing_on_timeout(statement)
+        return await self._bounded(statement)
 
     async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
         return await self._bounded(super().fetchmany(*args, **kwargs))
