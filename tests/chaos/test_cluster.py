@@ -30,6 +30,7 @@ from tests.chaos.test_scenarios import assert_guarantees
 from tests.integration.conftest import poll
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.cluster,
     # as in test_scenarios: the load generator's request bodies cut by a killed connection
     pytest.mark.filterwarnings(

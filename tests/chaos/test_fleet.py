@@ -50,6 +50,7 @@ from tests.integration.conftest import create_tenant, poll, rabbitmqctl
 # A killed process leaves the load generator's request body unfinished: the same client-side
 # artefact as in test_scenarios (the event is sent again with its key).
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.filterwarnings(
         "ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning"
     ),

@@ -20,7 +20,8 @@ from tests.chaos.harness import Context, Scenario
 from tests.chaos.test_scenarios import FAULT_DUPLICATES, run
 from tests.pgbouncer import PgBouncer, pgbouncer_instance
 
-pytestmark = test_scenarios.pytestmark  # the same client-side warnings let through
+# the same client-side warnings let through as in test_scenarios
+pytestmark = [pytest.mark.slow, *test_scenarios.pytestmark]
 
 # How long PgBouncer stays down: several requests are answered meanwhile.
 DOWN_SECONDS = 3.0

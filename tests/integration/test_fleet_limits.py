@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from notifier.testing import open_fake_bot_api, open_sink
 from tests.chaos.harness import free_port, write_config
 from tests.integration.conftest import create_tenant, poll, scalar, sql
 from tests.integration.test_shutdown import read_log, wait_ready
+
+pytestmark = pytest.mark.slow
 
 TOKEN = "424242:AAF-fleet_limits_token"
 TOKEN_ENV = "TEST_FLEET_BOT_TOKEN"

@@ -14,11 +14,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.chaos.harness import ServiceProcess, base_config, free_port, wait_ready, write_config
 from tests.chaos.services import ROOT
 from tests.integration.conftest import create_tenant, poll
+
+pytestmark = pytest.mark.slow
 
 # Every process of a launch starts a Python interpreter of its own; the machine is shared.
 START_SECONDS = 60.0
