@@ -193,26 +193,24 @@ CREATE UNLOGGED TABLE IF NOT EXISTS rate_buckets (
     full_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- Lock the buckets `keys` (distinct), in key order (concurrent takes cannot deadlock on them),
--- creating the missing ones new; then the time `at`, or Postgres's clock now (read once the
--- locks are held).
+-- Lock the buckets `keys` (distinct), creating the missing ones new; then the time `at`, or
+-- Postgres's clock now (read once the locks are held). One statement takes every lock in key
+-- order, an existing row's and a new one's alike, so concurrent takes cannot deadlock on them
+-- (locking the existing rows first and inserting the missing ones after could: a transaction
+-- would hold `b` while inserting `a`, and another that inserted `a` wait for `b`). The no-op
+-- update is what locks an existing row; it writes a row version each time, a HOT update of an
+-- UNLOGGED table.
 CREATE OR REPLACE FUNCTION notifier_rate_lock(keys text[], at double precision)
 RETURNS double precision
 LANGUAGE plpgsql AS $$
-DECLARE
-    locked integer;
 BEGIN
-    FOR try IN 1..3 LOOP
-        PERFORM 1 FROM rate_buckets WHERE key = ANY(keys) ORDER BY key FOR UPDATE;
-        GET DIAGNOSTICS locked = ROW_COUNT;
-        IF locked = cardinality(keys) THEN
-            RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
-        END IF;
-        INSERT INTO rate_buckets (key)
-        SELECT k FROM unnest(keys) k ORDER BY k
-        ON CONFLICT (key) DO NOTHING;
-    END LOOP;
-    RAISE EXCEPTION 'rate buckets %: could not lock them (a key given twice?)', keys;
+    IF cardinality(keys) <> (SELECT count(DISTINCT k) FROM unnest(keys) k) THEN
+        RAISE EXCEPTION 'rate buckets %: a key given twice', keys;
+    END IF;
+    INSERT INTO rate_buckets AS b (key)
+    SELECT k FROM unnest(keys) k ORDER BY k
+    ON CONFLICT (key) DO UPDATE SET full_at = b.full_at;
+    RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
 END;
 $$;
 

@@ -207,3 +207,49 @@ async def test_the_buckets_hold_through_pgbouncer_in_transaction_pooling(
             assert waits.count(0.0) == 1
             assert await store.admit("ingest", 2, capacity=2, rate=0.01) == 0.0
             assert await store.admit("ingest", 1, capacity=2, rate=0.01) > 90
+
+
+# -- locking order and bounds ---------------------------------------------------------------------
+
+TAKE = "SELECT notifier_rate_take($1::text[], array_fill(1, ARRAY[cardinality($1)]), " \
+    "array_fill(1.0::float8, ARRAY[cardinality($1)]))"  # fmt: skip
+
+
+async def _waits_for_a_lock(observer: Any, pid: int) -> None:
+    """Return once the backend ``pid`` waits for a lock (bounded by the caller)."""
+    query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+    while await observer.fetchval(query, pid) != "Lock":  # noqa: ASYNC110 - another backend
+        await asyncio.sleep(0.01)
+
+
+async def test_takes_that_meet_a_new_key_and_an_existing_one_do_not_deadlock(
+    database_url: str,
+) -> None:
+    """`b` exists, `a` does not. One transaction takes `a` (inserting it, uncommitted), then a
+    take of `a` and `b` waits for it, then the first takes `b`. Locking the existing `b` first
+    and inserting `a` after, the waiting take held `b`: the first waited for it in turn and
+    Postgres found a deadlock. Locking every key in key order, it holds nothing while it waits
+    for `a`."""
+
+    async def scenario() -> list[float]:
+        first, second, observer = [await asyncpg.connect(database_url) for _ in range(3)]
+        try:
+            await first.execute("INSERT INTO rate_buckets (key) VALUES ('b')")
+            first_tx, second_tx = first.transaction(), second.transaction()
+            await first_tx.start()
+            await first.fetchval(TAKE, ["a"])
+            await second_tx.start()
+            both = asyncio.ensure_future(second.fetchval(TAKE, ["a", "b"]))
+            await asyncio.wait_for(_waits_for_a_lock(observer, second.get_server_pid()), 20)
+            took_b = await asyncio.wait_for(first.fetchval(TAKE, ["b"]), 20)
+            await first_tx.commit()
+            took_both = await asyncio.wait_for(both, 20)
+            await second_tx.commit()
+            return [took_b, took_both]
+        finally:
+            for conn in (first, second, observer):
+                await conn.close()
+
+    took_b, took_both = await trio.to_thread.run_sync(asyncio.run, scenario())
+    assert took_b == 0.0  # the first transaction took `b`'s one token
+    assert 0 < took_both <= 1.0  # `a` and `b` are spent: nothing taken, a wait of their period
