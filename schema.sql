@@ -32,9 +32,28 @@ ALTER TABLE channels ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT N
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS failing_since timestamptz NULL;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS last_success_at timestamptz NULL;
 -- At most this many deliveries per second to the channel, across every worker process (a
--- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit.
+-- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit. At least one an hour
+-- (1/3600 per second, notifier.config.MIN_RATE_PER_SECOND): a bucket's period is 1/rate.
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision NULL
-    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second > 0);
+    CONSTRAINT channels_rate_limit_per_second_check
+    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+-- The first check took any rate above 0: raise a lower one to the minimum (such a channel's
+-- bucket could not be written: its period was past any timestamp), then replace the check, once.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'channels_rate_limit_per_second_check'
+          AND pg_get_constraintdef(oid) LIKE '%3600%'
+    ) THEN
+        UPDATE channels SET rate_limit_per_second = 1.0 / 3600
+        WHERE rate_limit_per_second < 1.0 / 3600;
+        ALTER TABLE channels DROP CONSTRAINT IF EXISTS channels_rate_limit_per_second_check;
+        ALTER TABLE channels ADD CONSTRAINT channels_rate_limit_per_second_check
+            CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+    END IF;
+END;
+$$;
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
@@ -243,7 +262,7 @@ BEGIN
     END IF;
     UPDATE rate_buckets b SET
         spent = s.kept[greatest(1, cardinality(s.kept) + 2 - s.tokens):] || now_s,
-        full_at = to_timestamp(now_s + s.period)
+        full_at = to_timestamp(least(now_s + s.period, 1e11))  -- 5138 at most: see below
     FROM (
         SELECT i.key, i.tokens, i.period,
                ARRAY(SELECT t FROM unnest(b2.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
@@ -276,7 +295,9 @@ BEGIN
     IF wait > 1e-9 / rate THEN
         RETURN wait;
     END IF;
-    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(next_tat) WHERE key = bucket;
+    -- least(): a rate allowed once may be lower than today's minimum (full_at stops in 5138).
+    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(least(next_tat, 1e11))
+    WHERE key = bucket;
     RETURN 0;
 END;
 $$;

@@ -38,6 +38,9 @@ CONSUMER_TIMEOUT_BUDGET_SECONDS = 900
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+# The lowest rate a limit may have: one an hour. A bucket's period is 1/rate, and Postgres keeps
+# times only so far (a rate of 1e-20 put its next token past any timestamp).
+MIN_RATE_PER_SECOND = 1 / 3600
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -153,6 +156,13 @@ class IngestConfig(_Section, frozen=True):
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
             raise ValueError(f"bind must be HOST:PORT, got {self.bind!r}")
+        if self.rate_limit_per_second == 0:
+            return
+        if self.rate_limit_per_second < MIN_RATE_PER_SECOND:
+            raise ConfigError(
+                "ingest.rate_limit_per_second: 0 (no limit) or at least 1/3600 (one event an "
+                f"hour), got {self.rate_limit_per_second:g}"
+            )
 
 
 class RelayConfig(_Section, frozen=True):
