@@ -163,6 +163,13 @@ class IngestConfig(_Section, frozen=True):
                 "ingest.rate_limit_per_second: 0 (no limit) or at least 1/3600 (one event an "
                 f"hour), got {self.rate_limit_per_second:g}"
             )
+        if self.rate_limit_burst < self.max_batch_events:
+            # A batch is admitted whole or not at all: one bigger than the bucket could never be.
+            raise ConfigError(
+                f"ingest.rate_limit_burst: {self.rate_limit_burst} is below "
+                f"ingest.max_batch_events ({self.max_batch_events}); it must be at least that, "
+                "or a full batch could never be admitted"
+            )
 
 
 class RelayConfig(_Section, frozen=True):
