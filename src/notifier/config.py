@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import yarl
 
 from notifier.errors import ConfigError
 from notifier.validation import locate
@@ -378,6 +379,11 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     for key in ("url", "listen_url"):
         if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
             raise ConfigError(f"database.{key}: {problem}")
+    nodes = config.broker.url
+    for i, url in enumerate((nodes,) if isinstance(nodes, str) else nodes):
+        if problem := amqp_url_problem(url):
+            where = "broker.url" if isinstance(nodes, str) else f"broker.url[{i}]"
+            raise ConfigError(f"{where}: {problem}")
     return config
 
 
@@ -407,6 +413,25 @@ def postgres_url_problem(url: str) -> str | None:
                 return f"a host name with @ in it: {_ENCODE_HINT}"
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
+    return None
+
+
+def amqp_url_problem(url: str) -> str | None:
+    """What keeps aiormq from reading ``url`` as a RabbitMQ node's URL, or ``None``. Never a
+    part of the URL: it holds a password. Read with yarl, as aiormq reads it, so that a password
+    with an unencoded ``/``, ``#``, ``?`` or ``@`` is caught here, at the start, not as an error
+    of every connection to the node."""
+    try:
+        parsed = yarl.URL(url)
+        port = parsed.explicit_port
+    except ValueError:
+        return f"not a URL that can be read: {_ENCODE_HINT}"
+    if parsed.scheme not in ("amqp", "amqps"):
+        return "must be an amqp:// or amqps:// URL"
+    if not parsed.host:
+        return "no host name"
+    if port is not None and not 0 < port < 65536:
+        return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
     return None
 
 

@@ -1,17 +1,24 @@
 """Connecting to a broker that accepts the TCP connection but never speaks AMQP fails in
-bounded time (found by the fault suite: a relay reconnecting into a blackhole hung for ever)."""
+bounded time (found by the fault suite: a relay reconnecting into a blackhole hung for ever);
+a node's URL that aiormq cannot read fails that node only."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 import trio
 
 from notifier.bridge import open_bridge
-from notifier.broker.amqp import open_connection
+from notifier.broker.amqp import open_connection, probe, queue_depths
 from notifier.broker.base import Confirm, Outgoing, Settle
+from notifier.broker.nodes import CHOOSER, node_address
 from notifier.broker.topology import build_topology
 from notifier.errors import BrokerError
 from tests.integration.conftest import rabbitmqctl
+
+# An unencoded / in the password: aiormq reads the URL with yarl, which finds the port "gu".
+UNREADABLE = "amqp://guest:gu/est@127.0.0.1:5672/"
 
 
 async def test_a_broker_that_never_answers_fails_the_connect_in_time() -> None:
@@ -33,6 +40,36 @@ async def test_a_broker_that_never_answers_fails_the_connect_in_time() -> None:
                     pass  # pragma: no cover - the connection never opens
             assert trio.current_time() - began >= 0.5
         nursery.cancel_scope.cancel()
+
+
+async def test_a_node_url_aiormq_cannot_read_fails_that_node_and_the_next_one_is_tried(
+    broker_url: str,
+) -> None:
+    name = f"test-{uuid.uuid4().hex}"  # a name of its own: the chooser remembers names
+    async with open_bridge():
+        with trio.fail_after(30):
+            async with open_connection([UNREADABLE, broker_url], name=name) as conn:
+                assert conn.node == node_address(broker_url)
+            # connected to node 1, the name starts at node 0 next time: the unreadable one
+            assert CHOOSER.order(name, 2) == [0, 1]
+            async with open_connection([UNREADABLE, broker_url], name=name) as conn:
+                assert conn.node == node_address(broker_url)
+
+
+async def test_a_single_unreadable_node_url_is_a_broker_failure_that_hides_the_password() -> None:
+    async with open_bridge():
+        with trio.fail_after(10), pytest.raises(BrokerError) as info:
+            async with open_connection(UNREADABLE, name="test"):
+                pass  # pragma: no cover - the connection never opens
+        assert str(info.value) == "node 0: unreadable URL"
+        assert info.value.__cause__ is None
+        assert info.value.__suppress_context__
+        # the readiness probe and the queue-depth reader (whose BrokerError the metrics
+        # report as broker_up 0) fail the same way
+        with trio.fail_after(10), pytest.raises(BrokerError, match="unreadable URL"):
+            await probe([UNREADABLE])
+        with trio.fail_after(10), pytest.raises(BrokerError, match="unreadable URL"):
+            await queue_depths([UNREADABLE], ["deliveries.webhook"])
 
 
 async def test_a_closed_channel_under_a_publish_or_an_ack_is_a_broker_failure(

@@ -165,7 +165,13 @@ async def _connect(
         left = timeout_seconds if tried == 0 else deadline - trio.current_time()
         share = left / (len(order) - tried)
         try:
-            conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
+            try:
+                conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
+            except ValueError:
+                # aiormq reads the URL with yarl, which refuses one with an unencoded / # ? in
+                # its password (the config refuses those too). Not chained: yarl's message
+                # may quote the URL, password and all.
+                raise BrokerError(f"node {index}: unreadable URL") from None
         except BrokerError as exc:
             if len(urls) == 1:
                 raise
