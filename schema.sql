@@ -32,9 +32,28 @@ ALTER TABLE channels ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT N
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS failing_since timestamptz NULL;
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS last_success_at timestamptz NULL;
 -- At most this many deliveries per second to the channel, across every worker process (a
--- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit.
+-- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit. At least one an hour
+-- (1/3600 per second, notifier.config.MIN_RATE_PER_SECOND): a bucket's period is 1/rate.
 ALTER TABLE channels ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision NULL
-    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second > 0);
+    CONSTRAINT channels_rate_limit_per_second_check
+    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+-- The first check took any rate above 0: raise a lower one to the minimum (such a channel's
+-- bucket could not be written: its period was past any timestamp), then replace the check, once.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'channels_rate_limit_per_second_check'
+          AND pg_get_constraintdef(oid) LIKE '%3600%'
+    ) THEN
+        UPDATE channels SET rate_limit_per_second = 1.0 / 3600
+        WHERE rate_limit_per_second < 1.0 / 3600;
+        ALTER TABLE channels DROP CONSTRAINT IF EXISTS channels_rate_limit_per_second_check;
+        ALTER TABLE channels ADD CONSTRAINT channels_rate_limit_per_second_check
+            CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+    END IF;
+END;
+$$;
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
@@ -193,26 +212,24 @@ CREATE UNLOGGED TABLE IF NOT EXISTS rate_buckets (
     full_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- Lock the buckets `keys` (distinct), in key order (concurrent takes cannot deadlock on them),
--- creating the missing ones new; then the time `at`, or Postgres's clock now (read once the
--- locks are held).
+-- Lock the buckets `keys` (distinct), creating the missing ones new; then the time `at`, or
+-- Postgres's clock now (read once the locks are held). One statement takes every lock in key
+-- order, an existing row's and a new one's alike, so concurrent takes cannot deadlock on them
+-- (locking the existing rows first and inserting the missing ones after could: a transaction
+-- would hold `b` while inserting `a`, and another that inserted `a` wait for `b`). The no-op
+-- update is what locks an existing row; it writes a row version each time, a HOT update of an
+-- UNLOGGED table.
 CREATE OR REPLACE FUNCTION notifier_rate_lock(keys text[], at double precision)
 RETURNS double precision
 LANGUAGE plpgsql AS $$
-DECLARE
-    locked integer;
 BEGIN
-    FOR try IN 1..3 LOOP
-        PERFORM 1 FROM rate_buckets WHERE key = ANY(keys) ORDER BY key FOR UPDATE;
-        GET DIAGNOSTICS locked = ROW_COUNT;
-        IF locked = cardinality(keys) THEN
-            RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
-        END IF;
-        INSERT INTO rate_buckets (key)
-        SELECT k FROM unnest(keys) k ORDER BY k
-        ON CONFLICT (key) DO NOTHING;
-    END LOOP;
-    RAISE EXCEPTION 'rate buckets %: could not lock them (a key given twice?)', keys;
+    IF cardinality(keys) <> (SELECT count(DISTINCT k) FROM unnest(keys) k) THEN
+        RAISE EXCEPTION 'rate buckets %: a key given twice', keys;
+    END IF;
+    INSERT INTO rate_buckets AS b (key)
+    SELECT k FROM unnest(keys) k ORDER BY k
+    ON CONFLICT (key) DO UPDATE SET full_at = b.full_at;
+    RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
 END;
 $$;
 
@@ -245,7 +262,7 @@ BEGIN
     END IF;
     UPDATE rate_buckets b SET
         spent = s.kept[greatest(1, cardinality(s.kept) + 2 - s.tokens):] || now_s,
-        full_at = to_timestamp(now_s + s.period)
+        full_at = to_timestamp(least(now_s + s.period, 1e11))  -- 5138 at most: see below
     FROM (
         SELECT i.key, i.tokens, i.period,
                ARRAY(SELECT t FROM unnest(b2.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
@@ -278,7 +295,9 @@ BEGIN
     IF wait > 1e-9 / rate THEN
         RETURN wait;
     END IF;
-    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(next_tat) WHERE key = bucket;
+    -- least(): a rate allowed once may be lower than today's minimum (full_at stops in 5138).
+    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(least(next_tat, 1e11))
+    WHERE key = bucket;
     RETURN 0;
 END;
 $$;

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import yarl
 
 from notifier.errors import ConfigError
 from notifier.validation import locate
@@ -38,6 +39,9 @@ CONSUMER_TIMEOUT_BUDGET_SECONDS = 900
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+# The lowest rate a limit may have: one an hour. A bucket's period is 1/rate, and Postgres keeps
+# times only so far (a rate of 1e-20 put its next token past any timestamp).
+MIN_RATE_PER_SECOND = 1 / 3600
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -153,6 +157,20 @@ class IngestConfig(_Section, frozen=True):
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
             raise ValueError(f"bind must be HOST:PORT, got {self.bind!r}")
+        if self.rate_limit_per_second == 0:
+            return
+        if self.rate_limit_per_second < MIN_RATE_PER_SECOND:
+            raise ConfigError(
+                "ingest.rate_limit_per_second: 0 (no limit) or at least 1/3600 (one event an "
+                f"hour), got {self.rate_limit_per_second:g}"
+            )
+        if self.rate_limit_burst < self.max_batch_events:
+            # A batch is admitted whole or not at all: one bigger than the bucket could never be.
+            raise ConfigError(
+                f"ingest.rate_limit_burst: {self.rate_limit_burst} is below "
+                f"ingest.max_batch_events ({self.max_batch_events}); it must be at least that, "
+                "or a full batch could never be admitted"
+            )
 
 
 class RelayConfig(_Section, frozen=True):
@@ -361,6 +379,11 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     for key in ("url", "listen_url"):
         if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
             raise ConfigError(f"database.{key}: {problem}")
+    nodes = config.broker.url
+    for i, url in enumerate((nodes,) if isinstance(nodes, str) else nodes):
+        if problem := amqp_url_problem(url):
+            where = "broker.url" if isinstance(nodes, str) else f"broker.url[{i}]"
+            raise ConfigError(f"{where}: {problem}")
     return config
 
 
@@ -390,6 +413,25 @@ def postgres_url_problem(url: str) -> str | None:
                 return f"a host name with @ in it: {_ENCODE_HINT}"
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
+    return None
+
+
+def amqp_url_problem(url: str) -> str | None:
+    """What keeps aiormq from reading ``url`` as a RabbitMQ node's URL, or ``None``. Never a
+    part of the URL: it holds a password. Read with yarl, as aiormq reads it, so that a password
+    with an unencoded ``/``, ``#``, ``?`` or ``@`` is caught here, at the start, not as an error
+    of every connection to the node."""
+    try:
+        parsed = yarl.URL(url)
+        port = parsed.explicit_port
+    except ValueError:
+        return f"not a URL that can be read: {_ENCODE_HINT}"
+    if parsed.scheme not in ("amqp", "amqps"):
+        return "must be an amqp:// or amqps:// URL"
+    if not parsed.host:
+        return "no host name"
+    if port is not None and not 0 < port < 65536:
+        return f"a port that is not a number from 1 to 65535: {_ENCODE_HINT}"
     return None
 
 

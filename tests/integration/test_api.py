@@ -44,6 +44,8 @@ HOOK_URL = "https://hooks.example.com/in"
 JSON = {"content-type": "application/json"}
 EVENT = {"type": "order.created", "payload": {"n": 1}}
 WEBHOOK = {"type": "webhook", "config": {"url": HOOK_URL}}
+# A channel's rate limit is one delivery an hour at least.
+AT_LEAST_HOURLY = f"Expected `float` >= {1 / 3600!r}"
 
 
 # -- set-up -------------------------------------------------------------------------------------
@@ -561,10 +563,15 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     ),
     "channel-max-attempts-0": (ch(max_attempts=0), "max_attempts: Expected `int` >= 1"),
     "channel-enabled-string": (ch(enabled="yes"), "enabled: Expected `bool`, got `str`"),
-    "channel-rate-0": (ch(rate_limit_per_second=0), "rate_limit_per_second: Expected `float` > 0"),
+    "channel-rate-0": (ch(rate_limit_per_second=0), f"rate_limit_per_second: {AT_LEAST_HOURLY}"),
     "channel-rate-negative": (
         ch(rate_limit_per_second=-1),
-        "rate_limit_per_second: Expected `float` > 0",
+        f"rate_limit_per_second: {AT_LEAST_HOURLY}",
+    ),
+    # a bucket's period is 1/rate: 1e20 s is past any time Postgres can keep
+    "channel-rate-tiny": (
+        ch(rate_limit_per_second=1e-20),
+        f"rate_limit_per_second: {AT_LEAST_HOURLY}",
     ),
     "channel-rate-string": (
         ch(rate_limit_per_second="5"),
@@ -603,7 +610,11 @@ VALIDATION_CASES: dict[str, tuple[Case, str]] = {
     ),
     "patch-type": (patch(type="email"), "type: unknown key"),
     "patch-max-attempts": (patch(max_attempts=101), "max_attempts: Expected `int` <= 100"),
-    "patch-rate-0": (patch(rate_limit_per_second=0), "rate_limit_per_second: Expected `float` > 0"),
+    "patch-rate-0": (patch(rate_limit_per_second=0), f"rate_limit_per_second: {AT_LEAST_HOURLY}"),
+    "patch-rate-tiny": (
+        patch(rate_limit_per_second=1 / 3601),
+        f"rate_limit_per_second: {AT_LEAST_HOURLY}",
+    ),
 }
 
 

@@ -473,8 +473,9 @@ async def test_the_ingest_rate_limit_is_per_key_and_writes_nothing_when_it_refus
     database_url: str, broker_url: str
 ) -> None:
     config: Config = make_config(
-        database_url, broker_url, ingest={"rate_limit_per_second": 0.01, "rate_limit_burst": 3}
-    )
+        database_url, broker_url,
+        ingest={"rate_limit_per_second": 0.01, "rate_limit_burst": 3, "max_batch_events": 3},
+    )  # fmt: skip
     key, other = await create_tenant(database_url), await create_tenant(database_url)
     async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
         await create_channel(api, "http://127.0.0.1:9/hook")

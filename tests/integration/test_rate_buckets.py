@@ -207,3 +207,98 @@ async def test_the_buckets_hold_through_pgbouncer_in_transaction_pooling(
             assert waits.count(0.0) == 1
             assert await store.admit("ingest", 2, capacity=2, rate=0.01) == 0.0
             assert await store.admit("ingest", 1, capacity=2, rate=0.01) > 90
+
+
+# -- locking order and bounds ---------------------------------------------------------------------
+
+TAKE = "SELECT notifier_rate_take($1::text[], array_fill(1, ARRAY[cardinality($1)]), " \
+    "array_fill(1.0::float8, ARRAY[cardinality($1)]))"  # fmt: skip
+
+
+async def _waits_for_a_lock(observer: Any, pid: int) -> None:
+    """Return once the backend ``pid`` waits for a lock (bounded by the caller)."""
+    query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+    while await observer.fetchval(query, pid) != "Lock":  # noqa: ASYNC110 - another backend
+        await asyncio.sleep(0.01)
+
+
+async def test_takes_that_meet_a_new_key_and_an_existing_one_do_not_deadlock(
+    database_url: str,
+) -> None:
+    """`b` exists, `a` does not. One transaction takes `a` (inserting it, uncommitted), then a
+    take of `a` and `b` waits for it, then the first takes `b`. Locking the existing `b` first
+    and inserting `a` after, the waiting take held `b`: the first waited for it in turn and
+    Postgres found a deadlock. Locking every key in key order, it holds nothing while it waits
+    for `a`."""
+
+    async def scenario() -> list[float]:
+        first, second, observer = [await asyncpg.connect(database_url) for _ in range(3)]
+        try:
+            await first.execute("INSERT INTO rate_buckets (key) VALUES ('b')")
+            first_tx, second_tx = first.transaction(), second.transaction()
+            await first_tx.start()
+            await first.fetchval(TAKE, ["a"])
+            await second_tx.start()
+            both = asyncio.ensure_future(second.fetchval(TAKE, ["a", "b"]))
+            await asyncio.wait_for(_waits_for_a_lock(observer, second.get_server_pid()), 20)
+            took_b = await asyncio.wait_for(first.fetchval(TAKE, ["b"]), 20)
+            await first_tx.commit()
+            took_both = await asyncio.wait_for(both, 20)
+            await second_tx.commit()
+            return [took_b, took_both]
+        finally:
+            for conn in (first, second, observer):
+                await conn.close()
+
+    took_b, took_both = await trio.to_thread.run_sync(asyncio.run, scenario())
+    assert took_b == 0.0  # the first transaction took `b`'s one token
+    assert 0 < took_both <= 1.0  # `a` and `b` are spent: nothing taken, a wait of their period
+
+
+async def test_buckets_of_a_rate_as_low_as_the_sql_takes_keep_their_times_in_range(
+    database_url: str,
+) -> None:
+    """A rate lower than today's minimum (one allowed once, say) puts a bucket's next full
+    time past any timestamp: `full_at` stops in 5138 instead of failing every take."""
+
+    async def scenario(conn: Any) -> list[Any]:
+        return [
+            await conn.fetchval("SELECT notifier_rate_take(ARRAY['window'], ARRAY[1], "
+                                "ARRAY[1e20::float8])"),
+            await conn.fetchval("SELECT notifier_rate_admit('refilling', 1, 1e-20, 1)"),
+            await conn.fetchval("SELECT min(extract(year FROM full_at)) FROM rate_buckets"),
+        ]  # fmt: skip
+
+    taken, admitted, year = await trio.to_thread.run_sync(_run, database_url, scenario)
+    assert (taken, admitted) == (0.0, 0.0)
+    assert year == 5138
+
+
+async def test_migrate_raises_a_channel_rate_below_one_an_hour_and_checks_it_from_then_on(
+    tmp_path: Path, database_url: str
+) -> None:
+    tenant = uuid.uuid4()
+    slow, fine = uuid.uuid4(), uuid.uuid4()
+    add = "INSERT INTO channels (id, tenant_id, type, config, rate_limit_per_second) " \
+        "VALUES ($1, $2, 'webhook', '{}', $3)"  # fmt: skip
+    await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
+              tenant)  # fmt: skip
+    with pytest.raises(asyncpg.CheckViolationError):  # a new database refuses it
+        await sql(database_url, add, slow, tenant, 1e-20)
+    for statement in (  # the check of a database from before the minimum
+        "ALTER TABLE channels DROP CONSTRAINT channels_rate_limit_per_second_check",
+        "ALTER TABLE channels ADD CONSTRAINT channels_rate_limit_per_second_check"
+        " CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second > 0)",
+    ):
+        await sql(database_url, statement)
+    await sql(database_url, add, slow, tenant, 1e-20)
+    await sql(database_url, add, fine, tenant, 0.5)
+    for _ in range(2):  # and again: nothing changes
+        done = notifier("migrate", "--config", str(config_file(tmp_path, database_url)))
+        assert done.returncode == 0, done.stderr
+        rows = await sql(database_url, "SELECT id, rate_limit_per_second FROM channels")
+        rates = {r["id"]: r["rate_limit_per_second"] for r in rows}
+        assert rates == {slow: 1 / 3600, fine: 0.5}
+        with pytest.raises(asyncpg.CheckViolationError):
+            await sql(database_url, add, uuid.uuid4(), tenant, 1 / 3601)
+    await sql(database_url, add, uuid.uuid4(), tenant, 1 / 3600)  # the minimum itself is fine

@@ -52,6 +52,45 @@ def test_a_bad_url_is_refused_naming_it(url: Any, path: str, words: str) -> None
     assert words in message
 
 
+@pytest.mark.parametrize(
+    ("url", "path", "words"),
+    [
+        # an unencoded / in the password: yarl, as aiormq reads it, finds the port "gu"
+        ("amqp://guest:gu/est@h:5672/", "broker.url", "percent-encode"),
+        # the same in the second node of a list: its index is named
+        ([A, "amqp://guest:gu/est@h:5672/"], "broker.url[1]", "percent-encode"),
+        # an unencoded # or ? in the password ends the address there
+        ("amqp://guest:gu#est@h/", "broker.url", "percent-encode"),
+        ([A, B, "amqps://guest:gu?est@h/"], "broker.url[2]", "percent-encode"),
+        # a port out of range, or 0
+        ("amqp://guest:guest@h:65536/", "broker.url", "percent-encode"),
+        ("amqp://guest:guest@h:0/", "broker.url", "1 to 65535"),
+        # no host at all
+        ("amqp:///vhost", "broker.url", "no host"),
+    ],
+)  # fmt: skip
+def test_a_url_aiormq_cannot_read_is_refused_naming_it_and_not_its_password(
+    url: Any, path: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"broker": {"url": url}}, env={})
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert words in message
+    assert "gu" not in message
+    assert "est" not in message
+
+
+def test_a_percent_encoded_password_is_accepted() -> None:
+    url = "amqp://guest:gu%2Fest%23%3F@h:5672/v"
+    assert parse_config({"broker": {"url": [A, url]}}, env={}).broker.url == (A, url)
+
+
+def test_a_bad_url_from_the_environment_is_refused_naming_its_place() -> None:
+    with pytest.raises(ConfigError, match=r"^broker\.url\[1\]: .*percent-encode"):
+        parse_config({}, env={"NOTIFIER_BROKER_URL": f"{A},amqp://guest:gu/est@h:5672/"})
+
+
 def test_the_env_override_takes_a_comma_separated_list() -> None:
     config = parse_config({"broker": {"url": A}}, env={"NOTIFIER_BROKER_URL": f"{B}, {C}"})
     assert config.broker.url == (B, C)

@@ -355,3 +355,47 @@ def test_a_delivery_timeout_within_the_consumer_timeout_budget_is_accepted() -> 
     )
     assert config.workers.webhook is not None
     assert config.workers.webhook.timeout_seconds == 100
+
+
+# -- the ingest rate limit ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [1e-20, 1 / 3601, 1e-300])
+def test_an_ingest_rate_below_one_an_hour_is_refused_naming_the_key(rate: float) -> None:
+    # a refilling bucket keeps the time it is full again, 1/rate seconds an event: 1e20 s
+    # ahead is past any timestamp Postgres keeps, and every ingest would fail
+    message = refusal({"ingest": {"rate_limit_per_second": rate}})
+    assert message.startswith("ingest.rate_limit_per_second: "), message
+    assert "1/3600" in message
+    assert "one event an hour" in message
+
+
+@pytest.mark.parametrize("rate", [0.0, 1 / 3600, 0.5])
+def test_no_ingest_limit_or_one_of_one_an_hour_or_more_is_accepted(rate: float) -> None:
+    config = parse_config({"ingest": {"rate_limit_per_second": rate}}, env={})
+    assert config.ingest.rate_limit_per_second == rate
+
+
+def test_a_burst_smaller_than_a_batch_is_refused_naming_the_burst() -> None:
+    # a batch is charged every event it holds: a bucket smaller than it could never admit it
+    message = refusal(
+        {"ingest": {"rate_limit_per_second": 1, "rate_limit_burst": 99, "max_batch_events": 100}}
+    )
+    assert message.startswith("ingest.rate_limit_burst: "), message
+    assert "ingest.max_batch_events (100)" in message
+    assert "could never be admitted" in message
+
+
+@pytest.mark.parametrize(
+    ("ingest", "burst"),
+    [
+        # the burst takes exactly one whole batch
+        ({"rate_limit_per_second": 1, "rate_limit_burst": 10, "max_batch_events": 10}, 10),
+        # no limit: the burst is not used
+        ({"rate_limit_burst": 5, "max_batch_events": 10}, 5),
+    ],
+)  # fmt: skip
+def test_a_burst_that_takes_a_batch_or_no_limit_is_accepted(
+    ingest: dict[str, Any], burst: int
+) -> None:
+    assert parse_config({"ingest": ingest}, env={}).ingest.rate_limit_burst == burst

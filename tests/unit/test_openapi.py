@@ -171,8 +171,11 @@ def test_a_channels_rate_limit_is_documented_where_it_is_set_and_shown() -> None
     schemas = document("webhook")["components"]["schemas"]
     for name in ("ChannelIn", "ChannelPatch"):
         number, null = schemas[name]["properties"]["rate_limit_per_second"]["anyOf"]
-        assert (number["type"], number["exclusiveMinimum"], null) == ("number", 0, {"type": "null"})
+        assert (number["type"], null) == ("number", {"type": "null"})
+        assert number["minimum"] == 1 / 3600  # one an hour: a bucket's period is 1/rate
+        assert "exclusiveMinimum" not in number
         assert "across every worker process" in number["description"]
+        assert "at least 1/3600 (one an hour)" in number["description"]
     view = schemas["ChannelView"]
     assert "rate_limit_per_second" in view["required"]  # always shown, null when unlimited
     assert {"type": "null"} in view["properties"]["rate_limit_per_second"]["anyOf"]

@@ -165,7 +165,13 @@ async def _connect(
         left = timeout_seconds if tried == 0 else deadline - trio.current_time()
         share = left / (len(order) - tried)
         try:
-            conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
+            try:
+                conn = await _connect_one(urls[index], name, heartbeat_seconds, max(share, 0.001))
+            except ValueError:
+                # aiormq reads the URL with yarl, which refuses one with an unencoded / # ? in
+                # its password (the config refuses those too). Not chained: yarl's message
+                # may quote the URL, password and all.
+                raise BrokerError(f"node {index}: unreadable URL") from None
         except BrokerError as exc:
             if len(urls) == 1:
                 raise
@@ -214,12 +220,18 @@ async def open_connection(
                     log.debug("closing connection failed", exc_info=True)
 
 
+# The share of a probe's or a metrics read's time its connecting gets: when no node answers,
+# the connecting fails with the list of the nodes and why before the whole call runs out.
+_CONNECT_SHARE = 0.9
+
+
 async def probe(url: BrokerUrls, *, timeout_seconds: float = 3.0) -> None:
     """Trio-flavoured. Connect and disconnect; raise ``BrokerError`` if RabbitMQ is unreachable."""
     with trio.move_on_after(timeout_seconds) as scope:
         async with open_connection(
-            url, name="probe", connect_timeout_seconds=timeout_seconds, short_lived=True
-        ):
+            url, name="probe", connect_timeout_seconds=timeout_seconds * _CONNECT_SHARE,
+            short_lived=True,
+        ):  # fmt: skip
             return
     if scope.cancelled_caught:
         raise BrokerError("RabbitMQ did not answer in time")
@@ -234,7 +246,10 @@ async def queue_depths(
     is unreachable or has not answered within ``timeout_seconds``."""
     with trio.move_on_after(timeout_seconds):
         async with open_connection(
-            url, name="metrics", connect_timeout_seconds=timeout_seconds, short_lived=True
+            url,
+            name="metrics",
+            connect_timeout_seconds=timeout_seconds * _CONNECT_SHARE,
+            short_lived=True,
         ) as conn:
             with broker_errors("reading queue depths failed"):
                 return await aio(_queue_depths_aio, conn._conn, queues)

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from notifier.config import MIN_RATE_PER_SECOND
+
 
 def whole(body: str) -> str:
     r"""A pattern that matches when ``body`` matches the whole text, and only then.
@@ -30,14 +32,14 @@ Recipient = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
 Name = Annotated[str, msgspec.Meta(max_length=200)]
 MaxAttempts = Annotated[int, msgspec.Meta(ge=1, le=100)]
-# Deliveries per second to one channel, across every worker process.
+# Deliveries per second to one channel, across every worker process: one an hour at least.
 RatePerSecond = Annotated[
     float,
     msgspec.Meta(
-        gt=0, le=10_000,
+        ge=MIN_RATE_PER_SECOND, le=10_000,
         description="At most this many deliveries per second to this channel, across every "
-        "worker process (e.g. 0.5 = one every 2 s); null = no limit. A message over it waits "
-        "in a delay tier without using up an attempt.",
+        "worker process (e.g. 0.5 = one every 2 s), at least 1/3600 (one an hour); null = no "
+        "limit. A message over it waits in a delay tier without using up an attempt.",
     ),
 ]  # fmt: skip
 ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]

@@ -40,12 +40,12 @@ def event_view(event: Event, *, with_payload: bool = False) -> EventView:
 
 async def admit(tenant_id: uuid.UUID, count: int) -> None:
     """Spend ``count`` events of the key's rate limit (a bucket shared by every ingest
-    process, one statement), or answer 429 writing nothing."""
+    process, one statement), or answer 429 writing nothing. Every event is charged: the
+    config keeps the bucket (``ingest.rate_limit_burst``) at least as big as a batch."""
     ctx = api_context()
     limit = ctx.rate_limiter
     if limit is None:
         return
-    count = min(count, limit.capacity)
     wait = await ctx.store.admit(
         limit.key(tenant_id), count, capacity=limit.capacity, rate=limit.rate
     )
