@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from notifier.config import parse_config
+from notifier.ingest.api.docs import BUNDLE_PATH
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.app import create_app
 from notifier.ingest.models import EVENT_TYPE_RE, EventIn, ReplayIn
@@ -19,7 +20,7 @@ from notifier.ingest.views import ChannelView, DeliveryDetail
 from notifier.store.pg import Store
 from notifier.testing import RecordingAdapter
 
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", BUNDLE_PATH}
 WITH_BODY = {  # operation id: the error statuses a request body can add
     "createChannel": {400, 413, 415, 422},
     "patchChannel": {400, 413, 415, 422},
