@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import h11
+import httpx
 import pytest
 
+from notifier.ingest.api import docs
 from tests.integration.test_cli import notifier
 
 MAX_EXAMPLES = 50
@@ -258,3 +260,57 @@ def test_an_early_answer_leaves_the_connection_usable(ingest_server: tuple[str, 
                 get = h11.Request(method="GET", target="/healthz", headers=[("Host", host)])
                 sock.sendall(conn.send(get) + conn.send(h11.EndOfMessage()))
                 assert receive_response(sock, conn, 5) == 200, (method, path, round_)
+
+
+# -- /docs in a browser --------------------------------------------------------------------------
+
+# Operations Redoc lists once it has read /openapi.json (their summaries).
+RENDERED = ("Create a channel", "Ingest one event", "List deliveries, newest first")
+CHROMIUM_SECONDS = 90
+
+
+def chromium() -> str:
+    """Debian's Chromium, installed if missing (the tests run as root on a fresh machine)."""
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0:
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", "chromium"],
+            capture_output=True, timeout=900, check=False,
+        )  # fmt: skip
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def test_docs_render_the_document_with_scripts_from_the_service_only(
+    ingest_server: tuple[str, str], tmp_path: Path
+) -> None:
+    """/docs is Redoc, served by notifier itself: the page and the bundle have the right
+    types, the page holds no inline script and forbids any other script, and a headless
+    Chromium under that policy renders the operations from /openapi.json. The only thing the
+    policy blocks is Redoc's footer logo, which it would fetch from elsewhere."""
+    base_url, _ = ingest_server
+    page = httpx.get(f"{base_url}/docs", timeout=10)
+    assert page.status_code == 200
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    policy = page.headers["content-security-policy"]
+    assert policy == docs.CONTENT_SECURITY_POLICY
+    assert "default-src 'none'; script-src 'self';" in policy
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page.text, flags=re.DOTALL)
+    assert scripts == [(' src="/docs/redoc.standalone.js"', "")], "one script, from the service"
+    bundle = httpx.get(f"{base_url}/docs/redoc.standalone.js", timeout=10)
+    assert bundle.status_code == 200
+    assert bundle.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert bundle.content == docs.bundle()
+    assert bundle.content.startswith(b"/*! For license information please see")
+    done = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=15000",
+         "--enable-logging=stderr", "--dump-dom", f"{base_url}/docs"],
+        capture_output=True, text=True, timeout=CHROMIUM_SECONDS,
+    )  # fmt: skip
+    for summary in RENDERED:
+        assert summary in done.stdout, done.stderr[-3000:]
+    blocked = [line for line in done.stderr.splitlines() if "Content Security Policy" in line]
+    assert all("https://cdn.redoc.ly/" in line for line in blocked), blocked
