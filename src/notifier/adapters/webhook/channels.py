@@ -52,8 +52,9 @@ def _any_case(word: str) -> str:
     return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
 
 
-# What the OpenAPI document says a webhook config holds; the server refuses whatever else
-# (below, with messages of its own), so the two agree.
+# What the OpenAPI document says a webhook config holds (the struct's annotations). The server
+# refuses a secret or a header outside these patterns (below and headers.py, with messages of
+# their own), so document and server agree; a URL: see URL_PATTERN.
 # A secret: whsec_ and the standard base64 (padded) of 24 to 64 bytes. 4 characters per 3 bytes:
 # 8 to 21 whole groups, then 1 or 2 more bytes ("xx==", "xxx="), 64 bytes at most.
 _B64 = "[A-Za-z0-9+/]"
@@ -61,10 +62,10 @@ SECRET_PATTERN = _whole(
     rf"{SECRET_PREFIX}(?:(?:{_B64}{{4}}){{8,20}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?"
     rf"|(?:{_B64}{{4}}){{21}}(?:{_B64}{{2}}==)?)"
 )
-# A URL every such form of which the server accepts (given the network rules): http(s), a host
+# The URLs of this form the server always takes (the network rules aside): http(s), a host
 # name (labels of letters, digits, '_' and '-'; the last one not a number), a dotted IPv4
 # address or a full bracketed IPv6 one, a port up to 65535, then visible ASCII. The server also
-# takes what the document leaves out (IDNA host names, '::' in IPv6, other address notations):
+# takes what the pattern leaves out (IDNA host names, '::' in IPv6, other address notations):
 # the URL checks (ssrf.validate_url) are the rule, this pattern their common, portable part.
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _HOST = (
