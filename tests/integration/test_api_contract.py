@@ -19,6 +19,7 @@ import httpx
 import pytest
 import trio
 
+from notifier.ingest.api import docs
 from notifier.ingest.jsonguard import MAX_DEPTH
 from notifier.ingest.models import EVENT_TYPE_RE
 from tests.integration.conftest import PG_BASE, _pg
@@ -319,3 +320,71 @@ async def test_answers_have_the_documented_fields(api: Api) -> None:
     assert "attempts" not in listed[0], "list items leave the attempts out"
     read = (await api.a.get(f"/v1/deliveries/{delivery['id']}")).json()
     assert read == listed[0] | {"attempts": []}
+
+
+# -- the document and the server agree (schemathesis, all checks: test_openapi.py) -------------
+
+
+async def test_an_integer_written_with_a_zero_fraction_is_taken(
+    api: Api, subtests: pytest.Subtests
+) -> None:
+    """JSON Schema counts 229.0 an integer: the document's integers take it, in a query and in
+    a body; 229.5 is still refused."""
+    for path in ["/v1/channels", "/v1/deliveries"]:
+        with subtests.test(path=path):
+            resp = await api.a.get(f"{path}?limit=229.0")
+            assert resp.status_code == 200, resp.text
+            await refused(
+                api, 422, "invalid_parameter", "limit must be an integer", method="GET",
+                path=f"{path}?limit=229.5",
+            )  # fmt: skip
+    resp = await api.a.post("/v1/deliveries/retry", content=b'{"limit": 229.0}', headers=JSON)
+    assert resp.status_code == 202, resp.text
+    channel = f"/v1/channels/{api.a_channel['id']}"
+    resp = await api.a.patch(channel, content=b'{"max_attempts": 7.0}', headers=JSON)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["max_attempts"] == 7
+    await refused(
+        api, 422, "validation_error", "max_attempts", method="PATCH", path=channel,
+        content=b'{"max_attempts": 7.5}', headers=JSON,
+    )  # fmt: skip
+
+
+async def test_what_the_document_refuses_of_a_webhook_config_the_server_refuses(
+    api: Api, subtests: pytest.Subtests
+) -> None:
+    """A PATCH's secret may not be null (the document's PATCH config has no null), a secret
+    must have the documented form, and so must a header."""
+    channel = f"/v1/channels/{api.a_channel['id']}"
+    hook = "https://hooks.example.com/in"
+    for name, config, mention in [
+        ("null-secret", {"url": hook, "secret": None}, "config.secret: a PATCH must give"),
+        ("short-secret", {"url": hook, "secret": "whsec_" + base64.b64encode(b"x" * 23).decode()},
+         "config.secret: must be whsec_"),
+        ("unpadded-secret", {"url": hook, "secret": "whsec_" + "A" * 43},
+         "config.secret: must be whsec_"),
+        ("reserved-header", {"url": hook, "headers": {"HOST": "x"}}, "config.headers.HOST"),
+    ]:  # fmt: skip
+        with subtests.test(case=name):
+            await refused(
+                api, 422, "validation_error", mention, method="PATCH", path=channel,
+                json={"config": config},
+            )  # fmt: skip
+
+
+async def test_the_api_reference_is_served_from_the_service(api: Api) -> None:
+    """/docs needs no key, holds no inline script and loads Redoc from this service."""
+    async with api.client() as anonymous:
+        page = await anonymous.get("/docs")
+        bundle = await anonymous.get("/docs/redoc.standalone.js")
+    assert page.status_code == 200, page.text
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert page.headers["content-security-policy"].startswith(
+        "default-src 'none'; script-src 'self';"
+    )
+    assert '<script src="/docs/redoc.standalone.js"></script>' in page.text
+    assert page.text.count("<script") == 1
+    assert '<redoc spec-url="/openapi.json">' in page.text
+    assert bundle.status_code == 200
+    assert bundle.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert bundle.content == docs.bundle()  # the vendored file, as the package ships it

@@ -390,5 +390,9 @@ def test_the_image_build_context_makes_a_complete_wheel(tmp_path: Path) -> None:
         schema = z.read("notifier/store/schema.sql").decode()
         (entry_points,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
+        redoc = "notifier/ingest/static/redoc"  # /docs: the bundle and its licences
+        bundle = z.read(f"{redoc}/redoc.standalone.js")
+        assert {f"{redoc}/LICENSE", f"{redoc}/redoc.standalone.js.LICENSE.txt"} <= set(z.namelist())
     assert schema == (ROOT / "schema.sql").read_text()
+    assert bundle == (ROOT / "src" / redoc / "redoc.standalone.js").read_bytes()
     assert "notifier = notifier.cli:main" in scripts

@@ -3,6 +3,7 @@ schemas generated from the models, the error answers and the security of each op
 
 from __future__ import annotations
 
+import base64
 import re
 from types import SimpleNamespace
 from typing import Any, cast
@@ -10,16 +11,21 @@ from typing import Any, cast
 import msgspec
 import pytest
 
+from notifier.adapters.base import InvalidChannelConfig
+from notifier.adapters.webhook.channels import WebhookChannels
+from notifier.adapters.webhook.headers import RESERVED_HEADERS, header_problem
 from notifier.config import parse_config
+from notifier.ingest.api.docs import BUNDLE_PATH
+from notifier.ingest.api.http import ApiError, decode_body
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.app import create_app
-from notifier.ingest.models import EVENT_TYPE_RE, EventIn, ReplayIn
+from notifier.ingest.models import EVENT_TYPE_RE, ChannelIn, ChannelPatch, EventIn, ReplayIn
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.views import ChannelView, DeliveryDetail
 from notifier.store.pg import Store
 from notifier.testing import RecordingAdapter
 
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", BUNDLE_PATH}
 WITH_BODY = {  # operation id: the error statuses a request body can add
     "createChannel": {400, 413, 415, 422},
     "patchChannel": {400, 413, 415, 422},
@@ -179,3 +185,173 @@ def test_a_channels_rate_limit_is_documented_where_it_is_set_and_shown() -> None
     view = schemas["ChannelView"]
     assert "rate_limit_per_second" in view["required"]  # always shown, null when unlimited
     assert {"type": "null"} in view["properties"]["rate_limit_per_second"]["anyOf"]
+
+
+# -- the document says what the server takes ----------------------------------------------------
+
+
+def webhook_config(schemas: dict[str, Any], name: str) -> dict[str, Any]:
+    properties: dict[str, Any] = schemas[name]["properties"]
+    return properties
+
+
+def refusal(validator: WebhookChannels, config: dict[str, Any]) -> str | None:
+    try:
+        validator.prepare_config(config)
+    except InvalidChannelConfig as exc:
+        return str(exc)
+    return None
+
+
+def test_a_webhook_secret_is_documented_as_the_server_checks_it() -> None:
+    """The pattern of `config.secret` matches exactly the secrets the server takes: whsec_ and
+    the padded standard base64 of 24 to 64 bytes."""
+    schemas = document("webhook")["components"]["schemas"]
+    created = webhook_config(schemas, "WebhookConfig")["secret"]["anyOf"]
+    pattern = re.compile(created[0]["pattern"])
+    validator = WebhookChannels(timeout_seconds=1, allow_private_networks=True)
+    url = "https://hooks.example.com/in"
+    for size in range(0, 80):
+        raw = bytes(range(size % 256))[:size] + b"\xff" * max(0, size - 256)
+        for secret in [
+            "whsec_" + base64.b64encode(raw).decode(),
+            "whsec_" + base64.b64encode(raw).decode().rstrip("="),  # unpadded
+            "whsec_" + base64.urlsafe_b64encode(raw).decode(),
+            base64.b64encode(raw).decode(),  # no prefix
+        ]:
+            problem = refusal(validator, {"url": url, "secret": secret})
+            assert problem is None or problem.startswith("config.secret: must be whsec_")
+            taken = problem is None
+            assert taken == bool(pattern.search(secret)), (size, secret)
+            assert taken <= (24 <= size <= 64), (size, secret)
+    assert {"type": "null"} in created, "a create without a secret gets a generated one"
+
+
+def test_a_patch_cannot_set_the_secret_to_null_in_the_document_or_the_server() -> None:
+    doc = document("webhook")
+    schemas = doc["components"]["schemas"]
+    assert schemas["ChannelPatchIn"]["properties"]["config"] == {
+        "$ref": "#/components/schemas/WebhookConfigUpdate"
+    }
+    secret = webhook_config(schemas, "WebhookConfigUpdate")["secret"]
+    assert secret["type"] == "string"
+    assert "anyOf" not in secret
+    assert (
+        secret["pattern"]
+        == webhook_config(schemas, "WebhookConfig")["secret"]["anyOf"][0]["pattern"]
+    )
+    validator = WebhookChannels(timeout_seconds=1, allow_private_networks=True)
+    stored = validator.prepare_config({"url": "https://hooks.example.com/in"})
+    with pytest.raises(InvalidChannelConfig, match=r"config\.secret: a PATCH must give"):
+        validator.prepare_config_update(
+            {"url": "https://hooks.example.com/in", "secret": None}, stored
+        )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com/notifier", "http://10.0.0.1:8080/a?b=c#d",
+        "HTTPS://[2001:db8:0:0:0:0:0:1]:65535/", "http://_svc-1.internal./x/%zz~",
+    ],
+)  # fmt: skip
+def test_urls_of_the_documented_form_are_taken(url: str) -> None:
+    properties = webhook_config(document("webhook")["components"]["schemas"], "WebhookConfig")
+    assert properties["url"]["maxLength"] == 2048
+    assert re.search(properties["url"]["pattern"], url)
+    WebhookChannels(timeout_seconds=1, allow_private_networks=True).prepare_config({"url": url})
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://hooks.example.com/", "https://user@hooks.example.com/", "https://", "https://a.1/",
+     "https://a.example.com:65536/", "https://a.example.com/ space", "https://a.example.com\n"],
+)  # fmt: skip
+def test_urls_the_server_refuses_do_not_have_the_documented_form(url: str) -> None:
+    properties = webhook_config(document("webhook")["components"]["schemas"], "WebhookConfig")
+    assert not re.search(properties["url"]["pattern"], url)
+
+
+def test_header_names_and_values_are_documented_as_the_rule_says() -> None:
+    headers = webhook_config(document("webhook")["components"]["schemas"], "WebhookConfig")[
+        "headers"
+    ]
+    name = re.compile(headers["propertyNames"]["pattern"])
+    value = re.compile(headers["additionalProperties"]["pattern"])
+    for header in [*RESERVED_HEADERS, "webhook-id", "Webhook-Signature", "a b", "", "é"]:
+        for spelled in (header, header.upper(), header.title()):
+            assert header_problem(spelled, "v") is not None
+            assert not name.search(spelled), spelled
+    for header in ["X-Team", "x-hosts", "Hostname", "Webhooks", "!#$%&'*+-.^_`|~"]:
+        assert header_problem(header, "v") is None
+        assert name.search(header), header
+    for text, ok in [("", True), ("a b\tc", True), (" a", False), ("a ", False), ("é", False),
+                     ("a\nb", False), ("a\n", False)]:  # fmt: skip
+        assert (header_problem("X", text) is None) == ok == bool(value.search(text)), text
+
+
+def test_text_without_nul_and_64_bit_integers_in_a_payload() -> None:
+    schemas = document("webhook")["components"]["schemas"]
+    payload = schemas["EventIn"]["properties"]["payload"]
+    assert payload["additionalProperties"] == {"$ref": "#/components/schemas/JsonValue"}
+    number = next(v for v in schemas["JsonValue"]["anyOf"] if v["type"] == "number")
+    assert (number["minimum"], number["maximum"]) == (-(2**63), 2**63 - 1)
+    for field in ("name", "recipient"):
+        (text, *_) = [
+            s for s in schemas["ChannelIn"]["properties"][field].get("anyOf", [])
+            or [schemas["ChannelIn"]["properties"][field]] if s.get("type") == "string"
+        ]  # fmt: skip
+        assert not re.search(text["pattern"], "a\x00b"), field
+        assert re.search(text["pattern"], "a\nb"), field
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "field", "value"),
+    [
+        (b'{"limit": 229.0}', ReplayIn, "limit", 229),
+        (b'{"limit": 2.29e2}', ReplayIn, "limit", 229),
+        (b'{"max_attempts": 3.0}', ChannelPatch, "max_attempts", 3),
+        (b'{"type": "webhook", "config": {"x": 1.0}, "max_attempts": 3.0}', ChannelIn,
+         "max_attempts", 3),
+    ],
+)  # fmt: skip
+def test_an_integer_may_be_written_with_a_zero_fraction(
+    body: bytes, kind: type[Any], field: str, value: int
+) -> None:
+    """JSON Schema counts 229.0 an integer, so the document's integers take it."""
+    decoded = decode_body(body, kind)
+    got = getattr(decoded, field)
+    assert (got, type(got)) == (value, int)
+    if kind is ChannelIn:
+        assert decoded.config == {"x": 1.0}, "other numbers are left as they are"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"limit": 229.5}', "limit: Expected `int`, got `float`"),
+        (b'{"limit": 2000.0}', "limit: Expected `int` <= 1000"),
+        (b'{"limit": 1e300}', "limit: Expected `int` <= 1000"),
+        (b'{"limit": "229"}', "limit: Expected `int`, got `str`"),
+    ],
+)  # fmt: skip
+def test_other_numbers_are_still_refused(body: bytes, message: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        decode_body(body, ReplayIn)
+    assert (refused.value.status, refused.value.message) == (422, message)
+
+
+def test_an_event_links_to_its_deliveries() -> None:
+    ops = operations(document("webhook"))
+    targets = {op["operationId"]: op for op in ops.values()}
+    listing = targets["listDeliveries"]
+    assert "event_id" in {p["name"] for p in listing["parameters"] if p["in"] == "query"}
+    for (method, path), status, source in [
+        (("POST", "/v1/events"), "202", "$response.body#/id"),
+        (("POST", "/v1/events"), "200", "$response.body#/id"),
+        (("GET", "/v1/events/{event_id}"), "200", "$response.body#/id"),
+        (("POST", "/v1/events/batch"), "202", "$response.body#/events/0/id"),
+    ]:
+        links = ops[method, path]["responses"][status]["links"]
+        (link,) = [v for v in links.values() if v["operationId"] == "listDeliveries"]
+        assert link["parameters"] == {"query.event_id": source}, (method, path, status)

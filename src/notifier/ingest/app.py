@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 
 from notifier.adapters.base import ChannelValidator
 from notifier.config import Config
-from notifier.ingest.api import channels, deliveries, events, health, operations
+from notifier.ingest.api import channels, deliveries, docs, events, health, operations
 from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
 from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
@@ -24,7 +24,7 @@ from notifier.ingest.openapi import build_openapi
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 
-ROUTE_GROUPS = (health, channels, events, deliveries, operations)
+ROUTE_GROUPS = (health, docs, channels, events, deliveries, operations)
 
 # A batch of single events takes a few milliseconds; a request queued behind one that has run
 # this long (Postgres stalls) stores its event in a batch of its own beside it, so that it waits

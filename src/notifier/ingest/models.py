@@ -28,9 +28,14 @@ PATTERN_RE = whole(r"\*|[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*(\.\*)?")
 
 EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=EVENT_TYPE_RE)]
 Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=PATTERN_RE)]
-Recipient = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
-IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
-Name = Annotated[str, msgspec.Meta(max_length=200)]
+# Text Postgres can store: no NUL (the JSON guard refuses it first, naming the path; the
+# pattern says so in the OpenAPI document).
+NO_NUL = whole(r"[^\x00]*")
+Recipient = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=NO_NUL)]
+IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=NO_NUL)]
+# The Idempotency-Key header: visible ASCII, spaces only inside (HTTP trims a value's ends).
+IDEMPOTENCY_HEADER_PATTERN = whole(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+Name = Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)]
 MaxAttempts = Annotated[int, msgspec.Meta(ge=1, le=100)]
 # Deliveries per second to one channel, across every worker process: one an hour at least.
 RatePerSecond = Annotated[
@@ -42,8 +47,30 @@ RatePerSecond = Annotated[
         "limit. A message over it waits in a delay tier without using up an attempt.",
     ),
 ]  # fmt: skip
+# A payload: an object of any JSON values, as the JSON guard takes them (the nesting depth aside,
+# which JSON Schema cannot bound): no NUL in a string or key, integers of 64 bits. The OpenAPI
+# document defines the value schema once, as a component.
+JSON_VALUE = "JsonValue"
+_VALUE_REF = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value: no NUL in a string or key, an integer within 64 bits.",
+    "anyOf": [
+        {"type": "null"}, {"type": "boolean"},
+        {"type": "number", "minimum": -(2**63), "maximum": 2**63 - 1},
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "array", "items": _VALUE_REF},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL},
+         "additionalProperties": _VALUE_REF},
+    ],
+}  # fmt: skip
+Payload = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        extra_json_schema={"propertyNames": {"pattern": NO_NUL}, "additionalProperties": _VALUE_REF}
+    ),
+]
 ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
-ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50)]
+ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50, pattern=NO_NUL)]
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -77,7 +104,7 @@ class ChannelPatch(_Body):
 
 class EventIn(_Body):
     type: EventType
-    payload: dict[str, Any]
+    payload: Payload
     recipient: Recipient | None = None
     channel_ids: ChannelIds | None = None
     idempotency_key: IdempotencyKey | None = None
@@ -89,7 +116,7 @@ class BatchIn(_Body):
 
 ReplayStatus = Annotated[str, msgspec.Meta(pattern=whole("DEAD|DELIVERED"))]
 ReplayLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
-Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Cursor = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=NO_NUL)]
 # RFC 3339, with its offset: a time without one would depend on how Postgres reads it.
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 

@@ -16,8 +16,21 @@ import msgspec
 
 from notifier import __version__
 from notifier.adapters.specs import SPECS
+from notifier.adapters.webhook.channels import WebhookConfigUpdate
 from notifier.ingest import jsonguard
-from notifier.ingest.models import BatchIn, ChannelIn, ChannelPatch, EventIn, NoFields, ReplayIn
+from notifier.ingest.api.docs import BUNDLE_PATH
+from notifier.ingest.models import (
+    IDEMPOTENCY_HEADER_PATTERN,
+    JSON_VALUE,
+    JSON_VALUE_SCHEMA,
+    NO_NUL,
+    BatchIn,
+    ChannelIn,
+    ChannelPatch,
+    EventIn,
+    NoFields,
+    ReplayIn,
+)
 from notifier.ingest.openapi_parts import (
     SCHEMA_REF,
     answer,
@@ -50,6 +63,8 @@ REQUEST_MODELS: tuple[type[msgspec.Struct], ...] = (
     ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields,
 )  # fmt: skip
 EXAMPLE_EVENT = {"type": "order.created", "payload": {"order_id": 42}}
+# A PATCH's `config`, by channel type, where it differs from a create's (the type's config).
+PATCH_CONFIGS: dict[str, type[msgspec.Struct]] = {"webhook": WebhookConfigUpdate}
 
 
 def _channel_variants(
@@ -65,7 +80,8 @@ def _channel_variants(
     for channel_type in channel_types:
         spec = SPECS.get(channel_type)
         config = ref(spec.config) if spec is not None else {"type": "object"}
-        configs.append(config)
+        patch_config = PATCH_CONFIGS.get(channel_type)
+        configs.append(ref(patch_config) if patch_config is not None else config)
         variant = copy.deepcopy(schemas[ChannelIn.__name__])
         name = f"{channel_type.capitalize()}ChannelIn"
         variant["title"] = name
@@ -96,10 +112,13 @@ def build_openapi(
     """The OpenAPI document for an app with these channel types enabled and these limits."""
     types = sorted(channel_types)
     configs = [SPECS[t].config for t in types if t in SPECS]
+    configs += [PATCH_CONFIGS[t] for t in types if t in PATCH_CONFIGS]
     _, schemas = msgspec.json.schema_components(
         [*REQUEST_MODELS, *RESPONSE_MODELS, *configs], ref_template=SCHEMA_REF
     )
     schemas[BatchIn.__name__]["properties"]["events"]["maxItems"] = max_batch_events
+    schemas[JSON_VALUE] = JSON_VALUE_SCHEMA  # what EventIn's payload holds
+    # An integer may be written 229.0 (JSON Schema's integer is a value, not a spelling).
     limit = {"type": "integer", "minimum": 1, "maximum": max_page, "default": default_page}
     page = [
         query("limit", limit, "Items per page."),
@@ -152,8 +171,9 @@ def _channel_paths(
             "listChannels", "channels", "List channels, oldest first",
             {"200": answer("A page of channels.", ChannelPage), **error_refs(400, 401, 422, 503)},
             parameters=[
-                query("type", {"type": "string"}, "Only channels of this type."),
-                query("recipient", {"type": "string"}, "Only channels of this recipient."),
+                query("type", {"type": "string", "pattern": NO_NUL}, "Only channels of this type."),
+                query("recipient", {"type": "string", "pattern": NO_NUL},
+              "Only channels of this recipient."),
                 *page,
             ],
         ),
@@ -186,14 +206,24 @@ def _event_paths() -> dict[str, Any]:
     idempotency_key = {
         "name": "Idempotency-Key", "in": "header", "required": False,
         "description": "`idempotency_key`, as a header (if both are given, they must agree).",
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255,
+                   "pattern": IDEMPOTENCY_HEADER_PATTERN},
+    }  # fmt: skip
+    deliveries = {
+        "operationId": "listDeliveries", "parameters": {"query.event_id": "$response.body#/id"},
+        "description": "The event's deliveries.",
     }  # fmt: skip
     event_links = {
-        "GetEvent": {"operationId": "getEvent", "parameters": {"event_id": "$response.body#/id"}}
+        "GetEvent": {"operationId": "getEvent", "parameters": {"event_id": "$response.body#/id"}},
+        "ListDeliveries": deliveries,
     }
+    batch_links = {"ListDeliveriesOfTheFirst": {
+        **deliveries, "parameters": {"query.event_id": "$response.body#/events/0/id"},
+        "description": "The deliveries of the batch's first event.",
+    }}  # fmt: skip
     replayed = answer(
         "The same idempotency key and body again: the first answer, with the deliveries' "
-        "current statuses; nothing was written.", EventView,
+        "current statuses; nothing was written.", EventView, links=event_links,
     )  # fmt: skip
     return {
     "/v1/events": {
@@ -210,8 +240,8 @@ def _event_paths() -> dict[str, Any]:
     "/v1/events/batch": {
         "post": op(
             "postEventBatch", "events", "Ingest several events in one transaction",
-            {"200": answer("Every event repeated an earlier one.", EventBatch),
-             "202": answer("Stored.", EventBatch),
+            {"200": answer("Every event repeated an earlier one.", EventBatch, links=batch_links),
+             "202": answer("Stored.", EventBatch, links=batch_links),
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
             description="One conflicting idempotency key fails the whole batch (409).",
             body=ref(BatchIn), example={"events": [EXAMPLE_EVENT]},
@@ -221,7 +251,8 @@ def _event_paths() -> dict[str, Any]:
         "parameters": [uuid_path("event_id", "event")],
         "get": op(
             "getEvent", "events", "Read an event with its payload and deliveries",
-            {"200": answer("The event.", EventDetail), **error_refs(400, 401, 404, 503)},
+            {"200": answer("The event.", EventDetail, links={"ListDeliveries": deliveries}),
+             **error_refs(400, 401, 404, 503)},
         ),
     },
     }  # fmt: skip
@@ -299,6 +330,22 @@ def _operation_paths() -> dict[str, Any]:
             {"200": {"description": "The metrics.",
                      "content": {METRICS_MEDIA_TYPE: {"schema": {"type": "string"}}}},
              **error_refs(503)},
+            key=False,
+        ),
+    },
+    "/docs": {
+        "get": op(
+            "apiReference", "operations", "This document for people (Redoc, served from here)",
+            {"200": {"description": "An HTML page.",
+                     "content": {"text/html": {"schema": {"type": "string"}}}}},
+            key=False,
+        ),
+    },
+    BUNDLE_PATH: {
+        "get": op(
+            "apiReferenceScript", "operations", "The script of the `/docs` page",
+            {"200": {"description": "Redoc's standalone bundle.",
+                     "content": {"text/javascript": {"schema": {"type": "string"}}}}},
             key=False,
         ),
     },

@@ -5,16 +5,17 @@ builds it; the deliverer is ``adapter.WebhookAdapter``."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import msgspec
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig
-from notifier.adapters.webhook.headers import headers_problem
+from notifier.adapters.webhook.headers import RESERVED_HEADERS, headers_problem
 from notifier.adapters.webhook.signing import (
     ROTATION_FIELDS,
     SECRET_PREFIX,
@@ -23,6 +24,7 @@ from notifier.adapters.webhook.signing import (
     secret_bytes,
 )
 from notifier.adapters.webhook.ssrf import (
+    MAX_URL_LENGTH,
     NetworkRules,
     Resolver,
     blocked_message,
@@ -39,10 +41,89 @@ SECRET_FIELDS = frozenset({"secret", *ROTATION_FIELDS})
 EXAMPLE = {"url": "https://hooks.example.com/notifier"}
 
 
+def _whole(body: str) -> str:
+    """A pattern for the whole text, meaning the same to Python (``re.search``) and to the
+    OpenAPI document's ECMA-262 regexes (``$`` must not take a final newline)."""
+    return rf"^(?:{body})$(?!\n)"
+
+
+def _any_case(word: str) -> str:
+    """``word`` in any case, without a flag (the document's regexes have none)."""
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+# What the OpenAPI document says a webhook config holds (the struct's annotations). The server
+# refuses a secret or a header outside these patterns (below and headers.py, with messages of
+# their own), so document and server agree; a URL: see URL_PATTERN.
+# A secret: whsec_ and the standard base64 (padded) of 24 to 64 bytes. 4 characters per 3 bytes:
+# 8 to 21 whole groups, then 1 or 2 more bytes ("xx==", "xxx="), 64 bytes at most.
+_B64 = "[A-Za-z0-9+/]"
+SECRET_PATTERN = _whole(
+    rf"{SECRET_PREFIX}(?:(?:{_B64}{{4}}){{8,20}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?"
+    rf"|(?:{_B64}{{4}}){{21}}(?:{_B64}{{2}}==)?)"
+)
+# The URLs of this form the server always takes (the network rules aside): http(s), a host
+# name (labels of letters, digits, '_' and '-'; the last one not a number), a dotted IPv4
+# address or a full bracketed IPv6 one, a port up to 65535, then visible ASCII. The server also
+# takes what the pattern leaves out (IDNA host names, '::' in IPv6, other address notations):
+# the URL checks (ssrf.validate_url) are the rule, this pattern their common, portable part.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_HOST = (
+    rf"(?:{_OCTET}\.){{3}}{_OCTET}|\[(?:[0-9A-Fa-f]{{1,4}}:){{7}}[0-9A-Fa-f]{{1,4}}\]"
+    r"|(?:[A-Za-z0-9_-]{1,63}\.)*[A-Za-z_-][A-Za-z0-9_-]{0,62}\.?"
+)
+_PORT = r"6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}|0"
+URL_PATTERN = _whole(
+    rf"{_any_case('http')}[Ss]?://(?:{_HOST})(?::(?:{_PORT}))?(?:[/?#][\x21-\x7e]*)?"
+)
+# headers.py's rule: a token, not reserved, not webhook-*; a value of visible ASCII with spaces
+# or tabs only between visible characters.
+_RESERVED = "|".join(_any_case(name) for name in sorted(RESERVED_HEADERS))
+HEADER_NAME_PATTERN = _whole(
+    rf"(?!(?:{_RESERVED})$)(?!{_any_case('webhook-')})[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+)
+HEADER_VALUE_PATTERN = _whole(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
+
+Url = Annotated[
+    str,
+    msgspec.Meta(
+        description="Where deliveries are POSTed: http or https, at most 2048 characters. "
+        "Host names may also be internationalised; a private, loopback or link-local "
+        "destination is refused unless the service allows private networks.",
+        extra_json_schema={"pattern": URL_PATTERN, "maxLength": MAX_URL_LENGTH},
+    ),
+]
+Secret = Annotated[
+    str,
+    msgspec.Meta(
+        description="The signing secret: whsec_ and the base64 of 24 to 64 bytes.",
+        extra_json_schema={"pattern": SECRET_PATTERN},
+    ),
+]
+Headers = Annotated[
+    dict[str, Annotated[str, msgspec.Meta(extra_json_schema={"pattern": HEADER_VALUE_PATTERN})]],
+    msgspec.Meta(
+        description="Headers sent with every delivery (not the signature's, not HTTP's own).",
+        extra_json_schema={"propertyNames": {"pattern": HEADER_NAME_PATTERN}},
+    ),
+]
+_SECRET_RE = re.compile(SECRET_PATTERN)
+
+
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    url: str
-    secret: str | None = None
-    headers: dict[str, str] = {}
+    url: Url
+    # None (or left out) at create: notifier generates one, shown in the answer only.
+    secret: Secret | None = None
+    headers: Headers = {}
+
+
+class WebhookConfigUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A PATCH's webhook config, for the OpenAPI document: no secret keeps the stored one, a
+    secret starts a rotation, and null is refused (a generated secret would never be shown)."""
+
+    url: Url
+    secret: Secret | msgspec.UnsetType = msgspec.UNSET
+    headers: Headers = {}
 
 
 class WebhookChannels:
@@ -80,15 +161,11 @@ class WebhookChannels:
         if secret is None:
             secret = generate_secret()
         else:
-            try:
-                raw = secret_bytes(secret)
-            except ValueError as exc:
+            # The document's pattern, which is the rule: the decoded length checked again.
+            if not _SECRET_RE.search(secret) or not 24 <= len(secret_bytes(secret)) <= 64:
                 raise InvalidChannelConfig(
-                    "config.secret", "must be whsec_ followed by base64"
-                ) from exc
-            if not secret.startswith(SECRET_PREFIX) or not 24 <= len(raw) <= 64:
-                raise InvalidChannelConfig(
-                    "config.secret", "must be whsec_ followed by base64 of 24 to 64 bytes"
+                    "config.secret",
+                    "must be whsec_ followed by the standard, padded base64 of 24 to 64 bytes",
                 )
         return {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
 

@@ -4,6 +4,7 @@ one back with its deliveries."""
 from __future__ import annotations
 
 import math
+import re
 import uuid
 
 import msgspec
@@ -13,11 +14,12 @@ from notifier.ingest.api.auth import current_tenant
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.events import new_event, new_ids
-from notifier.ingest.models import BatchIn, EventIn
+from notifier.ingest.models import IDEMPOTENCY_HEADER_PATTERN, BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
 from notifier.store.rows import Event, IngestResult, NewEvent
 
 routes = Blueprint("events", __name__)
+_IDEMPOTENCY_HEADER = re.compile(IDEMPOTENCY_HEADER_PATTERN)
 
 
 def event_view(event: Event, *, with_payload: bool = False) -> EventView:
@@ -72,8 +74,11 @@ async def post_event() -> Response:
     key = data.idempotency_key
     header_key = request.headers.get("Idempotency-Key")
     if header_key is not None:
-        if not 1 <= len(header_key) <= 255:
-            raise ApiError(422, "validation_error", "Idempotency-Key: 1 to 255 characters")
+        if not 1 <= len(header_key) <= 255 or not _IDEMPOTENCY_HEADER.search(header_key):
+            raise ApiError(
+                422, "validation_error",
+                "Idempotency-Key: 1 to 255 characters of visible ASCII (spaces only inside)",
+            )  # fmt: skip
         if key is not None and key != header_key:
             raise ApiError(
                 422, "validation_error",

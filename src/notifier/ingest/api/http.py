@@ -4,6 +4,7 @@ a JSON body and of query parameters."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from quart import Response, request
 from notifier.errors import NotifierError
 from notifier.ingest import jsonguard
 from notifier.ingest.views import ErrorBody, ErrorDetail
+from notifier.validation import locate
 
 B = TypeVar("B")
 
@@ -45,12 +47,51 @@ def error_response(
     return json_response(ErrorBody(error=ErrorDetail(code=code, message=message)), status, headers)
 
 
+# msgspec's words for a float where an integer goes, and the path it gives (fields and indexes).
+_INT_GOT_FLOAT = re.compile(r"Expected `int(?: \| null)?`, got `float`")
+_AT = re.compile(r" - at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])*)`$")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]")
+
+
 def decode_body(data: bytes, kind: type[B]) -> B:
-    """``data`` as ``kind``, through the guard (depth, numbers, duplicates, NUL, surrogates)."""
+    """``data`` as ``kind``, through the guard (depth, numbers, duplicates, NUL, surrogates).
+
+    An integer field takes a number with a zero fraction (``229.0``), as JSON Schema (and so the
+    OpenAPI document) counts it an integer: such a body is decoded a second time, each such
+    number made an integer where the model refused it as a float."""
     try:
         return jsonguard.decode(data, kind)
     except jsonguard.BodyRefused as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from exc
+        if exc.status != 422 or not _INT_GOT_FLOAT.search(exc.message):
+            raise ApiError(exc.status, exc.code, exc.message) from exc
+        refused = exc
+    tree = msgspec.json.decode(data)  # the guard passed it: JSON within the limits
+    while True:
+        try:
+            return msgspec.convert(tree, kind)
+        except msgspec.ValidationError as error:
+            if not _make_integer(tree, str(error)):
+                path, text = locate(error)
+                raise ApiError(422, "validation_error", f"{path or 'body'}: {text}") from refused
+
+
+def _make_integer(tree: Any, message: str) -> bool:
+    """Turn the float ``message`` (msgspec's) says should be an integer into one, if it is a
+    whole number; False if it is not (or the message says something else)."""
+    at = _AT.search(message)
+    if not _INT_GOT_FLOAT.match(message) or at is None:
+        return False
+    steps = [name or int(index) for name, index in _STEP.findall(at[1])]
+    if not steps:
+        return False
+    parent = tree
+    for step in steps[:-1]:
+        parent = parent[step]
+    value = parent[steps[-1]]
+    if not (isinstance(value, float) and value.is_integer()):
+        return False
+    parent[steps[-1]] = int(value)
+    return True
 
 
 async def read_body(kind: type[B]) -> B:

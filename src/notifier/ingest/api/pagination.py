@@ -4,6 +4,7 @@ time and id) that says where the next page starts. The bulk replay's cursor is t
 from __future__ import annotations
 
 import base64
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -35,15 +36,18 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise ApiError(422, "invalid_cursor", "cursor is not valid") from exc
 
 
+# An integer as a query parameter: ASCII digits, few (int() refuses '²' and strings of over 4300
+# digits with ValueError), and as JSON Schema counts integers, also with a zero fraction (229.0).
+_WHOLE_NUMBER = re.compile(r"([0-9]{1,6})(?:\.0{1,6})?")
+
+
 def limit_arg() -> int:
     """The request's ``limit`` (``DEFAULT_PAGE`` if not given), 1 to ``MAX_PAGE``."""
     value = request.args.get("limit", str(DEFAULT_PAGE))
-    # ASCII digits, and few: int() refuses '²' and strings of over 4300 digits with ValueError.
-    if not (value.isascii() and value.isdigit() and len(value) <= 6) or not (
-        1 <= int(value) <= MAX_PAGE
-    ):
+    match = _WHOLE_NUMBER.fullmatch(value)
+    if match is None or not 1 <= int(match[1]) <= MAX_PAGE:
         raise ApiError(422, "invalid_parameter", f"limit must be an integer from 1 to {MAX_PAGE}")
-    return int(value)
+    return int(match[1])
 
 
 def cursor_arg() -> tuple[datetime, uuid.UUID] | None:
