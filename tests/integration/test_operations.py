@@ -122,6 +122,40 @@ async def test_a_replayed_dead_delivery_is_delivered_with_a_fresh_budget(
     assert await scalar(database_url, "SELECT count(*) FROM outbox") == 0
 
 
+async def test_a_replay_recorded_before_the_numbers_kept_increasing_keeps_the_full_budget(
+    database_url: str, broker_url: str
+) -> None:
+    # Only ingest runs: the delivery stays where the test puts it.
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/hook", max_attempts=3)
+        (delivery_id,) = await post_event(api)
+        # a history written before: the replay's row numbered with the attempts before it, a
+        # note in its error, and the attempts after it numbered from 1 again
+        await sql(database_url, "DELETE FROM outbox")
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD', attempt = 3")
+        await sql(database_url, """
+            INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome,
+                                           error)
+            SELECT $1, n, now(), 0, outcome, error
+            FROM unnest(ARRAY[1, 2, 3, 3, 1, 2, 3],
+                        ARRAY['retry', 'retry', 'dead', 'replayed', 'retry', 'retry', 'dead'],
+                        ARRAY['HTTP 500', 'HTTP 500', 'HTTP 500',
+                              'replayed: enqueued again with a fresh attempt budget',
+                              'HTTP 500', 'HTTP 500', 'HTTP 500'])
+                AS t(n, outcome, error)""", uuid.UUID(delivery_id))  # fmt: skip
+
+        resp = await api.post(f"/v1/deliveries/{delivery_id}/retry")
+        assert resp.status_code == 202, resp.text
+    # numbered after the highest entry; the old row is no replay's number: 3 attempts are left
+    assert (resp.json()["attempt"], resp.json()["max_attempts"]) == (4, 7)
+    rows = await sql(database_url, "SELECT body FROM outbox")
+    assert [
+        (m.attempt, m.max_attempts) for m in map(decode_message, (r["body"] for r in rows))
+    ] == [(5, 7)]
+
+
 async def test_replaying_one_delivery_is_refused_with_the_reason(
     database_url: str, broker_url: str
 ) -> None:
