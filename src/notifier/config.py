@@ -23,7 +23,7 @@ import msgspec
 import yarl
 
 from notifier.errors import ConfigError
-from notifier.validation import locate
+from notifier.validation import key_error, locate
 
 CONFIG_ENV = "NOTIFIER_CONFIG"
 ENV_OVERRIDES = {
@@ -156,20 +156,22 @@ class IngestConfig(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
-            raise ValueError(f"bind must be HOST:PORT, got {self.bind!r}")
+            raise key_error("bind", f"must be HOST:PORT, got {self.bind!r}")
         if self.rate_limit_per_second == 0:
             return
         if self.rate_limit_per_second < MIN_RATE_PER_SECOND:
-            raise ConfigError(
-                "ingest.rate_limit_per_second: 0 (no limit) or at least 1/3600 (one event an "
-                f"hour), got {self.rate_limit_per_second:g}"
+            raise key_error(
+                "rate_limit_per_second",
+                f"0 (no limit) or at least 1/3600 (one event an hour), got "
+                f"{self.rate_limit_per_second:g}",
             )
         if self.rate_limit_burst < self.max_batch_events:
             # A batch is admitted whole or not at all: one bigger than the bucket could never be.
-            raise ConfigError(
-                f"ingest.rate_limit_burst: {self.rate_limit_burst} is below "
-                f"ingest.max_batch_events ({self.max_batch_events}); it must be at least that, "
-                "or a full batch could never be admitted"
+            raise key_error(
+                "rate_limit_burst",
+                f"{self.rate_limit_burst} is below ingest.max_batch_events "
+                f"({self.max_batch_events}); it must be at least that, or a full batch could "
+                "never be admitted",
             )
 
 
@@ -188,9 +190,9 @@ class RetryConfig(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         if not self.tiers_seconds:
-            raise ValueError("tiers_seconds must not be empty")
+            raise key_error("tiers_seconds", "must not be empty")
         if list(self.tiers_seconds) != sorted(set(self.tiers_seconds)):
-            raise ValueError("tiers_seconds must be strictly increasing")
+            raise key_error("tiers_seconds", "must be strictly increasing")
 
 
 class WorkerGroupConfig(_Section, frozen=True):
@@ -203,15 +205,16 @@ class WorkerGroupConfig(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
-            raise ValueError("prefetch must be at least concurrency")
+            raise key_error("prefetch", f"must be at least concurrency ({self.concurrency})")
         # A prefetched message may wait for ceil(prefetch / concurrency) deliveries before its
         # own; all of it must stay far below RabbitMQ's consumer_timeout (30 min by default), or
         # the broker closes the channel and every unacked message is delivered again.
         worst = self.timeout_seconds * -(-self.prefetch // self.concurrency)
         if worst > CONSUMER_TIMEOUT_BUDGET_SECONDS:
-            raise ValueError(
+            raise key_error(
+                "timeout_seconds",
                 f"timeout_seconds * ceil(prefetch / concurrency) = {worst:g} s; it must stay "
-                f"under {CONSUMER_TIMEOUT_BUDGET_SECONDS} s (half of RabbitMQ's consumer_timeout)"
+                f"under {CONSUMER_TIMEOUT_BUDGET_SECONDS} s (half of RabbitMQ's consumer_timeout)",
             )
 
 
@@ -228,7 +231,7 @@ class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
             try:
                 ipaddress.ip_network(cidr, strict=True)
             except ValueError as exc:
-                raise ValueError(f"allowed_cidrs[{i}]: {exc}") from exc
+                raise key_error(f"allowed_cidrs[{i}]", str(exc)) from exc
 
 
 class EmailWorkersConfig(WorkerGroupConfig, frozen=True):
@@ -309,23 +312,23 @@ class AmqpIngestConfig(_Section, frozen=True):
             if key == "queue" or name:
                 _check_queue_name(key, name)
         if self.dead_letter_queue_name == self.queue:
-            raise ValueError("dead_letter_queue must differ from queue")
+            raise key_error("dead_letter_queue", "must differ from queue")
         if self.prefetch > 65_535:
-            raise ValueError("prefetch must be at most 65535")
+            raise key_error("prefetch", "must be at most 65535")
         for app_id, tenant in self.tenants.items():
             if not 1 <= len(app_id.encode()) <= 255:
-                raise ValueError(f"tenants: app_id {app_id!r} must be 1 to 255 bytes")
+                raise key_error("tenants", f"app_id {app_id!r} must be 1 to 255 bytes")
             if not tenant:
-                raise ValueError(f"tenants.{app_id}: tenant name must not be empty")
+                raise key_error(f"tenants.{app_id}", "tenant name must not be empty")
         if self.enabled and not self.tenants:
-            raise ValueError("tenants must map at least one app_id when enabled")
+            raise key_error("tenants", "must map at least one app_id when enabled")
 
 
 def _check_queue_name(key: str, name: str) -> None:
     if not 1 <= len(name.encode()) <= 255:
-        raise ValueError(f"{key} must be 1 to 255 bytes")
+        raise key_error(key, "must be 1 to 255 bytes")
     if name.startswith("amq."):
-        raise ValueError(f"{key}: names starting with 'amq.' are reserved by RabbitMQ")
+        raise key_error(key, "names starting with 'amq.' are reserved by RabbitMQ")
 
 
 class SentryConfig(_Section, frozen=True):
@@ -349,8 +352,10 @@ class Config(_Section, frozen=True):
 
 
 def _friendly(exc: msgspec.ValidationError) -> str:
-    """msgspec says ``... - at `$.workers.webhook`[0]``; we say ``workers.webhook[0]: ...``."""
-    path, text = locate(exc)
+    """msgspec says ``... - at `$.workers.webhook`[0]``; we say ``workers.webhook[0]: ...``,
+    naming the whole key (a section's own check names its key with ``key_error``) and, for a
+    key with a set of allowed values, those values."""
+    path, text = locate(exc, Config)
     return f"{path or '(top level)'}: {text}"
 
 

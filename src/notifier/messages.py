@@ -26,6 +26,8 @@ class WorkerMessage(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
     created_at: datetime
     attempt: int  # the number of the attempt this message asks for, 1-based
+    # the highest number an attempt may have (the delivery's max_attempts): the budget counted
+    # from the delivery's creation or its latest replay, whose entry has a number of its own
     max_attempts: int
 
 

@@ -11,7 +11,16 @@ process the same directory in ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's
 each process writes its counters and histograms there, and ``/metrics``, whichever process
 answers it, reports the sum over the whole launch (the counts of a process that has exited
 included, so they never go down); ``notifier_worker_in_flight`` is summed over the live
-processes. Series keep their names and labels; none has a ``pid`` label.
+processes. Series keep their names and labels; none has a ``pid`` label but the process
+metrics below.
+
+The standard process metrics (``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
+``process_open_fds``, ``process_max_fds``, ``process_virtual_memory_bytes``,
+``process_start_time_seconds``; Linux, read from ``/proc``) describe one process, so they are
+never summed: a process on its own reports its own, read when ``/metrics`` is scraped; in a
+launch every process reports its own as gauges with a ``pid`` label (multiprocess mode
+``liveall``), written every ``PROCESS_METRICS_INTERVAL_SECONDS`` and when it answers a scrape,
+and the series of a process that has exited leave with it.
 
 Updating a metric is a plain in-process call (a lock and an addition): no I/O and no bridge
 crossing per message. Labels are bounded: channel type, outcome, status, queue kind.
@@ -27,7 +36,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -52,6 +68,8 @@ BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 
 # Set by the parent of a launch; prometheus-client reads it when it is first imported.
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# In a launch, each process writes its process metrics this often (and when it answers /metrics).
+PROCESS_METRICS_INTERVAL_SECONDS = 5.0
 
 ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
 ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
@@ -132,6 +150,28 @@ class _ScrapeTime(Collector):
                 yield queues
 
 
+class _ProcessGauges:
+    """In a launch: this process's process metrics (prometheus-client's ``ProcessCollector``,
+    read from ``/proc``) copied into gauges of the shared directory, one series per process
+    (``liveall`` adds the ``pid`` label; the launch removes a process's files when it exits)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._source = ProcessCollector(registry=None)
+        self._registry = registry
+        self._gauges: dict[str, Gauge] = {}
+
+    def refresh(self) -> None:
+        for family in self._source.collect():
+            for sample in family.samples:
+                gauge = self._gauges.get(sample.name)
+                if gauge is None:
+                    gauge = self._gauges[sample.name] = Gauge(
+                        sample.name, family.documentation, registry=self._registry,
+                        multiprocess_mode="liveall",
+                    )  # fmt: skip
+                gauge.set(sample.value)
+
+
 class Metrics:
     """Every metric of one process, on a registry of its own (several services may share a
     process, as the tests do). Pass one instance to the ingest app, the relay and the worker
@@ -186,11 +226,24 @@ class Metrics:
         )  # fmt: skip
         self.scrape_time = _ScrapeTime()
         r.register(self.scrape_time)
+        self._process: _ProcessGauges | None = None
+        if self.multiproc_dir is None:
+            ProcessCollector(registry=r)
+        else:
+            self._process = _ProcessGauges(r)
+            self._process.refresh()
+
+    def refresh_process_metrics(self) -> None:
+        """In a launch, write this process's process metrics to the shared directory (a few
+        small reads of ``/proc``); on its own, nothing (they are read at scrape time)."""
+        if self._process is not None:
+            self._process.refresh()
 
     def render(self) -> bytes:
         """The text exposition (``CONTENT_TYPE``) of every metric."""
         if self.multiproc_dir is None:
             return generate_latest(self.registry)
+        self.refresh_process_metrics()
         launch = CollectorRegistry()
         MultiProcessCollector(launch, self.multiproc_dir)  # type: ignore[no-untyped-call]
         launch.register(self.scrape_time)
@@ -215,6 +268,18 @@ class Metrics:
         for created_at in published:
             self.relay_lag.observe(seconds_between(created_at, confirmed_at))
         self.relay_rows_published.inc(len(published))
+
+
+async def run_process_metrics(
+    metrics: Metrics, interval_seconds: float = PROCESS_METRICS_INTERVAL_SECONDS
+) -> None:
+    """Trio-flavoured. In a launch, keep this process's process metrics fresh in the shared
+    directory until cancelled; on its own, return at once."""
+    if metrics.multiproc_dir is None:
+        return
+    while True:
+        metrics.refresh_process_metrics()
+        await trio.sleep(interval_seconds)
 
 
 def seconds_between(start: datetime, end: datetime) -> float:

@@ -21,7 +21,7 @@ from notifier.ingest.app import create_app
 from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.lifecycle import Stop, supervise
 from notifier.maintenance import run_maintenance
-from notifier.metrics import Metrics
+from notifier.metrics import Metrics, run_process_metrics
 from notifier.observability import Reporter, SentryReporter
 from notifier.relay.relay import relay_loop
 from notifier.store import Store, open_store
@@ -103,6 +103,7 @@ async def run(
         async with trio.open_nursery() as root:
             root.start_soon(_stop_on_signals, stop, root.cancel_scope)
             root.start_soon(_bound_shutdown, stop, root.cancel_scope, grace)
+            root.start_soon(run_process_metrics, metrics)
             binds: list[str] = []
             async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:

@@ -144,6 +144,10 @@ async def test_ingest_alone_reports_the_outbox_and_leaves_undeclared_queues_out(
     assert get(got, "notifier_open_deliveries", status="PENDING") == N
     assert get(got, "notifier_broker_up") == 1  # it answered; the queues just do not exist yet
     assert not [k for k in got if k[0] == "notifier_queue_messages"]
+    # the standard process metrics of the one process, without a pid label
+    assert (get(got, "process_resident_memory_bytes") or 0) > 0
+    assert (get(got, "process_open_fds") or 0) > 0
+    assert get(got, "process_cpu_seconds_total") is not None
 
 
 async def test_an_unreachable_broker_is_broker_up_zero(database_url: str) -> None:

@@ -86,31 +86,74 @@ async def test_a_replayed_dead_delivery_is_delivered_with_a_fresh_budget(
         run_notifier(config) as running,
         running.client(key) as api,
     ):
-        await create_channel(api, sink.url, max_attempts=1)
+        await create_channel(api, sink.url, max_attempts=2)
         (delivery_id,) = await post_event(api)
         with trio.fail_after(20):
             await wait_status(database_url, delivery_id, "DEAD")
-        receiver.status = 200  # the receiver is fixed; the operator replays
 
+        # the receiver still fails: the replay has a budget of 2 attempts of its own, numbered on
         resp = await api.post(f"/v1/deliveries/{delivery_id}/retry")
         assert resp.status_code == 202, resp.text
         replayed = resp.json()
-        assert (replayed["status"], replayed["attempt"], replayed["last_error"]) == (
-            "PENDING", 0, None
-        )  # fmt: skip
-        assert [a["outcome"] for a in replayed["attempts"]] == ["dead", "replayed"]
+        assert (
+            replayed["status"], replayed["attempt"], replayed["max_attempts"],
+            replayed["last_error"],
+        ) == ("PENDING", 3, 5, None)  # fmt: skip
+        assert [(a["attempt"], a["outcome"], a["error"]) for a in replayed["attempts"]] == [
+            (1, "retry", "HTTP 500: answer"), (2, "dead", "HTTP 500: answer"),
+            (3, "replayed", None),
+        ]  # fmt: skip
+        with trio.fail_after(20):
+            await wait_status(database_url, delivery_id, "DEAD")
+
+        receiver.status = 200  # the receiver is fixed; the operator replays again
+        resp = await api.post(f"/v1/deliveries/{delivery_id}/retry")
+        assert (resp.json()["attempt"], resp.json()["max_attempts"]) == (6, 8)
         with trio.fail_after(20):
             await wait_status(database_url, delivery_id, "DELIVERED")
         after = (await api.get(f"/v1/deliveries/{delivery_id}")).json()
-    assert after["attempt"] == 1
+    assert (after["attempt"], after["last_error"]) == (7, None)
     assert await outcomes(database_url, delivery_id) == [
-        (1, "dead"),
-        (1, "replayed"),
-        (1, "delivered"),
-    ]
-    assert [r.headers["webhook-id"] for r in sink.received] == [delivery_id, delivery_id]
+        (1, "retry"), (2, "dead"), (3, "replayed"), (4, "retry"), (5, "dead"), (6, "replayed"),
+        (7, "delivered"),
+    ]  # fmt: skip
+    assert [r.headers["webhook-id"] for r in sink.received] == [delivery_id] * 5
     verify_all(sink.received, SECRET)
     assert await scalar(database_url, "SELECT count(*) FROM outbox") == 0
+
+
+async def test_a_replay_recorded_before_the_numbers_kept_increasing_keeps_the_full_budget(
+    database_url: str, broker_url: str
+) -> None:
+    # Only ingest runs: the delivery stays where the test puts it.
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/hook", max_attempts=3)
+        (delivery_id,) = await post_event(api)
+        # a history written before: the replay's row numbered with the attempts before it, a
+        # note in its error, and the attempts after it numbered from 1 again
+        await sql(database_url, "DELETE FROM outbox")
+        await sql(database_url, "UPDATE deliveries SET status = 'DEAD', attempt = 3")
+        await sql(database_url, """
+            INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome,
+                                           error)
+            SELECT $1, n, now(), 0, outcome, error
+            FROM unnest(ARRAY[1, 2, 3, 3, 1, 2, 3],
+                        ARRAY['retry', 'retry', 'dead', 'replayed', 'retry', 'retry', 'dead'],
+                        ARRAY['HTTP 500', 'HTTP 500', 'HTTP 500',
+                              'replayed: enqueued again with a fresh attempt budget',
+                              'HTTP 500', 'HTTP 500', 'HTTP 500'])
+                AS t(n, outcome, error)""", uuid.UUID(delivery_id))  # fmt: skip
+
+        resp = await api.post(f"/v1/deliveries/{delivery_id}/retry")
+        assert resp.status_code == 202, resp.text
+    # numbered after the highest entry; the old row is no replay's number: 3 attempts are left
+    assert (resp.json()["attempt"], resp.json()["max_attempts"]) == (4, 7)
+    rows = await sql(database_url, "SELECT body FROM outbox")
+    assert [
+        (m.attempt, m.max_attempts) for m in map(decode_message, (r["body"] for r in rows))
+    ] == [(5, 7)]
 
 
 async def test_replaying_one_delivery_is_refused_with_the_reason(
@@ -192,13 +235,14 @@ async def test_replay_by_filter_enqueues_the_matching_deliveries_with_the_curren
         messages = [decode_message(r["body"]) for r in rows]
         assert [(str(m.channel_id), m.event_type) for m in messages] == [
             (first, "order.created"), (first, "order.paid")]  # fmt: skip
-        assert {m.attempt for m in messages} == {1}
+        # a replay's entry (6) follows the 5 attempts made; the budget of 5 is counted from it
+        assert {(m.attempt, m.max_attempts) for m in messages} == {(7, 11)}
         assert {m.channel_config["url"] for m in messages} == {"http://127.0.0.1:9/fixed"}
         assert {m.channel_config["secret"] for m in messages} == {SECRET}
         states = await sql(database_url, "SELECT channel_id, status, attempt FROM deliveries")
         assert sorted((str(r[0]) == first, r[1], r[2]) for r in states) == [
             (False, "DEAD", 5), (False, "DEAD", 5), (False, "DEAD", 5),
-            (True, "DEAD", 5), (True, "PENDING", 0), (True, "PENDING", 0)]  # fmt: skip
+            (True, "DEAD", 5), (True, "PENDING", 6), (True, "PENDING", 6)]  # fmt: skip
 
         assert await replay(channel_id=second, limit=1000) == {"queued": 3, "more": False}
         resp = await api.post("/v1/deliveries/retry", json={"status": "PENDING"})

@@ -109,6 +109,12 @@ def ingested(metrics: bytes) -> float:
     return float(match.group(1))
 
 
+def process_series(metrics: bytes, name: str) -> dict[int, float]:
+    """The series of the process metric ``name``: pid → value."""
+    pattern = rb"^" + name.encode() + rb'\{pid="(\d+)"\} (\S+)$'
+    return {int(pid): float(v) for pid, v in re.findall(pattern, metrics, re.M)}
+
+
 class Launch:
     def __init__(self, tmp_path: Path, config: dict[str, dict[str, Any]], *args: str) -> None:
         path = write_config(tmp_path / "notifier.toml", config)
@@ -189,12 +195,22 @@ async def test_processes_share_one_port_and_metrics_report_the_whole_launch(
         finally:
             for stream in streams:
                 await stream.aclose()
-        # Whichever process answers /metrics counts the events both of them accepted.
+        # Whichever process answers /metrics counts the events both of them accepted, and
+        # tells the process metrics of each process, by pid.
         for _ in range(6):
             status, metrics = await get(launch.port, "/metrics")
             assert status == 200
             assert ingested(metrics) == len(streams)
-        assert b"pid=" not in metrics
+            resident = process_series(metrics, "process_resident_memory_bytes")
+            assert set(resident) == kids, metrics.decode()
+            assert all(value > 0 for value in resident.values())
+            assert set(process_series(metrics, "process_open_fds")) == kids
+        with_pid = {line.split(b"{")[0] for line in metrics.splitlines() if b'pid="' in line}
+        assert with_pid == {  # only the process metrics: the others are the launch's
+            b"process_virtual_memory_bytes", b"process_resident_memory_bytes",
+            b"process_start_time_seconds", b"process_cpu_seconds_total", b"process_open_fds",
+            b"process_max_fds",
+        }  # fmt: skip
 
 
 async def test_sigterm_drains_every_process_and_exits_0(
@@ -221,6 +237,10 @@ async def test_a_killed_process_is_started_again_and_the_launch_keeps_serving(
         assert len(now - kids) == 1
         assert (await get(launch.port, "/healthz"))[0] == 200
         assert re.search(r"exited on signal SIGKILL .*starting it again", launch.process.log())
+        # the process metrics of the killed process left with it
+        status, metrics = await get(launch.port, "/metrics")
+        assert status == 200
+        assert set(process_series(metrics, "process_resident_memory_bytes")) == now
 
 
 def test_a_bad_config_fails_the_launch_once(tmp_path: Path) -> None:

@@ -533,15 +533,15 @@ def test_the_ingest_queues() -> None:
 @pytest.mark.parametrize(
     ("section", "error"),
     [
-        ({"enabled": True}, "amqp_ingest: tenants must map at least one app_id when enabled"),
-        ({"queue": ""}, "amqp_ingest: queue must be 1 to 255 bytes"),
-        ({"queue": "amq.events"}, "amqp_ingest: queue: names starting with 'amq.' are reserved"),
-        ({"dead_letter_queue": "x" * 256}, "amqp_ingest: dead_letter_queue must be 1 to 255"),
-        ({"dead_letter_queue": "events.ingest"}, "dead_letter_queue must differ from queue"),
-        ({"prefetch": 70_000}, "amqp_ingest: prefetch must be at most 65535"),
+        ({"enabled": True}, "amqp_ingest.tenants: must map at least one app_id when enabled"),
+        ({"queue": ""}, "amqp_ingest.queue: must be 1 to 255 bytes"),
+        ({"queue": "amq.events"}, "amqp_ingest.queue: names starting with 'amq.' are reserved"),
+        ({"dead_letter_queue": "x" * 256}, "amqp_ingest.dead_letter_queue: must be 1 to 255"),
+        ({"dead_letter_queue": "events.ingest"}, "amqp_ingest.dead_letter_queue: must differ"),
+        ({"prefetch": 70_000}, "amqp_ingest.prefetch: must be at most 65535"),
         ({"prefetch": 0}, "amqp_ingest.prefetch: Expected `int` >= 1"),
-        ({"tenants": {"app": ""}}, "amqp_ingest: tenants.app: tenant name must not be empty"),
-        ({"tenants": {"": "billing"}}, "amqp_ingest: tenants: app_id '' must be 1 to 255 bytes"),
+        ({"tenants": {"app": ""}}, "amqp_ingest.tenants.app: tenant name must not be empty"),
+        ({"tenants": {"": "billing"}}, "amqp_ingest.tenants: app_id '' must be 1 to 255 bytes"),
         ({"batch_linger_seconds": -1}, "amqp_ingest.batch_linger_seconds: Expected `float` >="),
         ({"store_retry_seconds": 0}, "amqp_ingest.store_retry_seconds: Expected `float` >"),
         ({"linger": 1}, "amqp_ingest.linger: unknown key"),
@@ -550,7 +550,7 @@ def test_the_ingest_queues() -> None:
 def test_the_config_is_checked(section: dict[str, Any], error: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config({"amqp_ingest": section}, env={})
-    assert error in str(caught.value)
+    assert str(caught.value).startswith(error), str(caught.value)
 
 
 def test_the_dead_letter_queue_defaults_to_the_queue_dot_dead() -> None:

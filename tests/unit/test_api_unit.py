@@ -286,8 +286,11 @@ async def test_a_finished_delivery_is_replayed_and_an_open_one_is_not(api: Api) 
     replayed = await api.call("POST", path)
     assert replayed.status == 202, replayed.body
     assert replayed.body["status"] == "PENDING"
-    assert replayed.body["attempt"] == 0
-    assert replayed.body["attempts"][-1]["outcome"] == "replayed"
+    # the replay is an entry of its own, numbered after the last attempt, with no error; the
+    # budget (5 attempts) is counted from it
+    assert (replayed.body["attempt"], replayed.body["max_attempts"]) == (6, 11)
+    last = replayed.body["attempts"][-1]
+    assert (last["attempt"], last["outcome"], last["error"]) == (6, "replayed", None)
     assert api.store.enqueued.count(uuid.UUID(delivery["id"])) == 2
     with_body = await api.call("POST", path, json={"force": True})
     assert with_body.status == 422

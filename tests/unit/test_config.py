@@ -147,16 +147,21 @@ def test_a_wrong_type_is_refused_with_its_path(data: dict[str, Any], path: str) 
         ({"broker": {"heartbeat_seconds": 5}}, "broker.heartbeat_seconds", ">= 10"),
         ({"broker": {"heartbeat_seconds": 31}}, "broker.heartbeat_seconds", "<= 30"),
         # tiers must be strictly increasing
-        ({"retry": {"tiers_seconds": [5, 1]}}, "retry", "strictly increasing"),
-        ({"retry": {"tiers_seconds": [1, 1]}}, "retry", "strictly increasing"),
-        ({"retry": {"tiers_seconds": []}}, "retry", "must not be empty"),
+        ({"retry": {"tiers_seconds": [5, 1]}}, "retry.tiers_seconds", "strictly increasing"),
+        ({"retry": {"tiers_seconds": [1, 1]}}, "retry.tiers_seconds", "strictly increasing"),
+        ({"retry": {"tiers_seconds": []}}, "retry.tiers_seconds", "must not be empty"),
         # prefetch bounds the unacked messages the tasks share: at least one per task
-        ({"workers": {"webhook": {"concurrency": 8, "prefetch": 4}}}, "workers.webhook",
-         "prefetch must be at least concurrency"),
+        ({"workers": {"webhook": {"concurrency": 8, "prefetch": 4}}}, "workers.webhook.prefetch",
+         "must be at least concurrency (8)"),
+        ({"workers": {"email": {"concurrency": 8, "prefetch": 4}}}, "workers.email.prefetch",
+         "must be at least concurrency (8)"),
+        # networks opened to webhooks are CIDRs: the message names the entry
+        ({"workers": {"webhook": {"allowed_cidrs": ["10.0.0.0/8", "10.1.2.3/8"]}}},
+         "workers.webhook.allowed_cidrs[1]", "has host bits set"),
         # bind is HOST:PORT
-        ({"ingest": {"bind": "8080"}}, "ingest", "HOST:PORT"),
-        ({"ingest": {"bind": "localhost:"}}, "ingest", "HOST:PORT"),
-        ({"ingest": {"bind": "a b:80"}}, "ingest", "HOST:PORT"),
+        ({"ingest": {"bind": "8080"}}, "ingest.bind", "HOST:PORT"),
+        ({"ingest": {"bind": "localhost:"}}, "ingest.bind", "HOST:PORT"),
+        ({"ingest": {"bind": "a b:80"}}, "ingest.bind", "HOST:PORT"),
         # a poll interval of zero would spin
         ({"relay": {"poll_interval_seconds": 0}}, "relay.poll_interval_seconds", "> 0"),
     ],
@@ -344,7 +349,7 @@ def test_a_delivery_timeout_that_could_outlast_the_consumer_timeout_is_refused()
     message = refusal(
         {"workers": {"webhook": {"timeout_seconds": 300, "prefetch": 64, "concurrency": 8}}}
     )
-    assert message.startswith("workers.webhook: ")
+    assert message.startswith("workers.webhook.timeout_seconds: "), message
     assert "2400 s" in message
 
 
@@ -399,3 +404,34 @@ def test_a_burst_that_takes_a_batch_or_no_limit_is_accepted(
     ingest: dict[str, Any], burst: int
 ) -> None:
     assert parse_config({"ingest": ingest}, env={}).ingest.rate_limit_burst == burst
+
+
+# -- allowed values -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"logging": {"level": "LOUD"}},
+         'logging.level: expected one of "DEBUG", "INFO", "WARNING", "ERROR", got "LOUD"'),
+        ({"logging": {"format": "xml"}},
+         'logging.format: expected one of "json", "console", got "xml"'),
+        ({"broker": {"queue_type": "stream"}},
+         'broker.queue_type: expected one of "quorum", "classic", got "stream"'),
+        ({"workers": {"email": {"smtp_security": "ssl"}}},
+         'workers.email.smtp_security: expected one of "none", "starttls", "tls", got "ssl"'),
+        ({"database": {"pooler": "odyssey"}},
+         'database.pooler: expected one of "none", "pgbouncer", got "odyssey"'),
+        # a number or a word: both are told
+        ({"service": {"processes": "many"}},
+         'service.processes: expected an integer >= 1 or "auto", got "many"'),
+    ],
+)  # fmt: skip
+def test_a_value_outside_a_set_is_refused_listing_the_allowed_ones(
+    data: dict[str, Any], message: str
+) -> None:
+    assert refusal(data) == message
+
+
+def test_a_wrong_type_for_a_key_with_allowed_values_keeps_the_type_message() -> None:
+    assert refusal({"logging": {"level": 10}}) == "logging.level: Expected `str`, got `int`"

@@ -212,6 +212,28 @@ def test_decide_with_a_custom_policy(attempt: int, tier: int) -> None:
     assert got == retrying(tier, attempt + 1)
 
 
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "replayed_at", "expected"),
+    [
+        # replayed as entry 6 after 5 attempts, with a budget of 5: attempts 7 to 11
+        (7, 11, 6, retrying(30, 8)),  # the first after the replay: the base backoff again
+        (8, 11, 6, retrying(60, 9)),  # then doubling from there
+        (10, 11, 6, retrying(240, 11)),  # the last attempt next
+        (11, 11, 6, DEAD),  # the replay's budget used up
+        (2, 5, 0, retrying(60, 3)),  # never replayed: counted from the first attempt
+        (1, 5, 3, retrying(30, 2)),  # whatever the numbers, never under the base
+    ],
+)
+def test_after_a_replay_the_backoff_starts_again_from_the_base(
+    attempt: int, max_attempts: int, replayed_at: int, expected: Decision
+) -> None:
+    got = decide(
+        Result.RETRIABLE, attempt=attempt, max_attempts=max_attempts, policy=DEFAULT, now=NOW,
+        replayed_at=replayed_at,
+    )  # fmt: skip
+    assert got == expected
+
+
 def test_next_attempt_at_is_the_tier_not_the_backoff() -> None:
     policy = RetryPolicy(base_seconds=20, max_seconds=1800)  # backoff 20 s → the 30 s tier
     got = decide(Result.RETRIABLE, attempt=1, max_attempts=5, policy=policy, now=NOW)

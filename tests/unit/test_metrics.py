@@ -16,7 +16,14 @@ from notifier.broker.base import Incoming, Settle
 from notifier.broker.topology import build_topology
 from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUnavailable
 from notifier.messages import WorkerMessage, encode_message
-from notifier.metrics import CONTENT_TYPE, BrokerQueue, Metrics, ScrapeReader, broker_queues
+from notifier.metrics import (
+    CONTENT_TYPE,
+    BrokerQueue,
+    Metrics,
+    ScrapeReader,
+    broker_queues,
+    run_process_metrics,
+)
 from notifier.relay.relay import relay_once
 from notifier.store.rows import DeliveryState, MetricsSnapshot
 from notifier.testing import (
@@ -134,6 +141,21 @@ def test_no_open_delivery_is_an_oldest_age_of_zero() -> None:
         outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None
     )
     assert value(m, "notifier_oldest_open_delivery_age_seconds") == 0.0
+
+
+def test_a_process_on_its_own_reports_its_process_metrics() -> None:
+    got = families(Metrics(environ={}))
+    [(_, labels, resident)] = got["process_resident_memory_bytes"]
+    assert labels == {}  # one process: no pid label
+    assert resident > 0
+    assert got["process_open_fds"][0][2] > 0
+    assert got["process_cpu_seconds"][0][0] == "process_cpu_seconds_total"
+
+
+async def test_a_process_on_its_own_has_no_process_metrics_to_write() -> None:
+    # read at scrape time: nothing to keep fresh, the task ends at once
+    with trio.fail_after(1):
+        await run_process_metrics(Metrics(environ={}))
 
 
 def test_metrics_instances_do_not_share_values() -> None:

@@ -288,8 +288,11 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
             "retryDelivery", "deliveries", "Replay a DEAD or DELIVERED delivery",
             {"202": answer("Enqueued again with a fresh attempt budget.", DeliveryDetail),
              **error_refs(400, 401, 404, 409, 413, 422, 503)},
-            description="No body, or `{}`. 409 `not_replayable` while the delivery is "
-            "PENDING or RETRYING, or when its channel is disabled or deleted.",
+            description="No body, or `{}`. The replay is an entry of the delivery's history "
+            "(outcome `replayed`), numbered after its last attempt; the next attempt is "
+            "numbered after it, with a fresh budget of attempts counted from the replay. "
+            "409 `not_replayable` while the delivery is PENDING or RETRYING, or when its "
+            "channel is disabled or deleted.",
             body=ref(NoFields), body_required=False,
         ),
     },

@@ -89,6 +89,10 @@ class EventBatch(_View):
 
 
 class AttemptView(_View):
+    """One entry of a delivery's history: an attempt, or a replay (`replayed`: an operator
+    enqueued the finished delivery again; it has no error). Entries are numbered in order, and
+    the numbers keep increasing across replays."""
+
     attempt: int
     outcome: Outcome
     status_code: int | None
@@ -98,7 +102,10 @@ class AttemptView(_View):
 
 
 class DeliveryView(_View):
-    """A delivery; `attempt` is the number of attempts made so far."""
+    """A delivery. `attempt` is the number of the latest entry of its history (0 before its first
+    attempt); `max_attempts` the highest number its attempts may reach: its attempt budget,
+    counted from its creation or from its latest replay. `max_attempts - attempt` attempts are
+    left."""
 
     id: uuid.UUID
     event_id: uuid.UUID

@@ -28,6 +28,7 @@ class AttemptQueries(Queries):
                 r["channel_state"],
                 r["disabled_reason"],
                 r["rate_limit_per_second"],
+                r["replayed_at"],
             )
             for r in rows
         }

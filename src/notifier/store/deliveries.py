@@ -11,8 +11,6 @@ from notifier.store.errors import NotFound, NotReplayable
 from notifier.store.pool import Queries
 from notifier.store.rows import TERMINAL_STATUSES, Attempt, Delivery, ReplayPage
 
-REPLAY_NOTE = "replayed: enqueued again with a fresh attempt budget"
-
 
 def _delivery(row: Row, attempts: list[Attempt] | None = None) -> Delivery:
     return Delivery(
@@ -79,8 +77,9 @@ class DeliveryQueries(Queries):
 
     @transaction
     async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
-        """Enqueue one finished delivery again (``DEAD`` or ``DELIVERED`` → ``PENDING``, fresh
-        attempt budget). Raises ``NotFound`` or ``NotReplayable`` having written nothing."""
+        """Enqueue one finished delivery again (``DEAD`` or ``DELIVERED`` → ``PENDING``, a
+        ``replayed`` entry in its history, a fresh attempt budget; see ``replay`` in
+        queries_deliveries.sql). Raises ``NotFound`` or ``NotReplayable`` having written nothing."""
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(Q["replay_check"], tenant_id, delivery_id)
             if row is None:
@@ -89,7 +88,7 @@ class DeliveryQueries(Queries):
                 raise refused
             await conn.fetch(
                 Q["replay"], tenant_id, row["status"], delivery_id, None, None, None, None, 1,
-                REPLAY_NOTE, None, None,
+                None, None,
             )  # fmt: skip
 
     @transaction
@@ -115,7 +114,7 @@ class DeliveryQueries(Queries):
         at, last_id = after if after else (None, None)
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                Q["replay"], tenant_id, status, None, *filters, limit, REPLAY_NOTE, at, last_id
+                Q["replay"], tenant_id, status, None, *filters, limit, at, last_id
             )
             if rows:
                 at, last_id = max((r["created_at"], r["id"]) for r in rows)

@@ -3,9 +3,16 @@
 
 -- name: delivery_states
 -- With the state of the delivery's channel: a delivery is not attempted while its channel is
--- disabled or deleted; and the channel's rate limit, kept in a shared bucket.
+-- disabled or deleted; and the channel's rate limit, kept in a shared bucket. `replayed_at`: the
+-- number of the delivery's latest replay (`replay` in queries_deliveries.sql; a replay's row
+-- from before the numbers kept increasing has a note in `error` and does not count), 0 for
+-- none: the backoff starts again after it. A delivery never replayed has no such row: one
+-- probe of the attempts' index.
 SELECT d.id, d.status, d.attempt, notifier_channel_state(c) AS channel_state,
-       c.disabled_reason, c.rate_limit_per_second
+       c.disabled_reason, c.rate_limit_per_second,
+       coalesce((SELECT max(a.attempt) FROM delivery_attempts a
+                 WHERE a.delivery_id = d.id AND a.outcome = 'replayed' AND a.error IS NULL),
+                0) AS replayed_at
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
 WHERE d.id = ANY($1::uuid[]);
 

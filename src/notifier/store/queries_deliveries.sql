@@ -33,14 +33,19 @@ FOR UPDATE OF d;
 -- name: replay
 -- Enqueue finished deliveries of tenant $1 again, through the outbox: status $2 (DEAD or
 -- DELIVERED), optionally only delivery $3, channel $4, event types matching pattern $5 (exact,
--- 'prefix.*' or '*'), created in [$6, $7), coming after ($10, $11) in (created_at, id) order (a
--- bulk replay's cursor); at most $8, oldest first. Only deliveries whose
--- channel exists and is enabled are taken. Each gets a fresh attempt budget (attempt 0, the
--- message asks for attempt 1), the channel's current config, and a 'replayed' attempt row
--- (numbered with the attempts it had made) so the log shows the replay. Returns their ids and
--- creation times.
+-- 'prefix.*' or '*'), created in [$6, $7), coming after ($9, $10) in (created_at, id) order (a
+-- bulk replay's cursor); at most $8, oldest first. Only deliveries whose channel exists and is
+-- enabled are taken. Returns their ids and creation times.
+--
+-- Attempt numbers keep increasing across replays: the replay is an entry of the history of its
+-- own, a 'replayed' attempt row numbered after every entry before it (no error: nothing failed),
+-- and the message asks for the number after that. The delivery gets a fresh attempt budget
+-- counted from the replay: its max_attempts (the highest number its attempts may reach) becomes
+-- the replay's number plus its budget, which is its max_attempts less the number of the replay
+-- before (a replay's row written before the numbers kept increasing carries a note in `error`,
+-- and is not one). The message takes the channel's current config.
 WITH picked AS (
-    SELECT d.id, d.attempt, c.config
+    SELECT d.id, d.attempt, d.max_attempts, c.config
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
     JOIN events e ON e.id = d.event_id
@@ -50,28 +55,38 @@ WITH picked AS (
       AND ($5::text IS NULL OR notifier_type_matches($5, e.type))
       AND ($6::timestamptz IS NULL OR d.created_at >= $6)
       AND ($7::timestamptz IS NULL OR d.created_at < $7)
-      AND ($10::timestamptz IS NULL OR (d.created_at, d.id) > ($10, $11::uuid))
+      AND ($9::timestamptz IS NULL OR (d.created_at, d.id) > ($9, $10::uuid))
     ORDER BY d.created_at, d.id
     LIMIT $8
     FOR UPDATE OF d SKIP LOCKED
 ),
+numbered AS (
+    SELECT p.id, p.config, h.entry,
+           h.entry + greatest(p.max_attempts - h.last_replay, 1) AS max_attempts
+    FROM picked p, LATERAL (
+        SELECT greatest(p.attempt, coalesce(max(a.attempt), 0)) + 1 AS entry,
+               coalesce(max(a.attempt) FILTER (WHERE a.outcome = 'replayed' AND a.error IS NULL),
+                        0) AS last_replay
+        FROM delivery_attempts a WHERE a.delivery_id = p.id
+    ) h
+),
 upd AS (
     UPDATE deliveries d SET
-        status = 'PENDING', attempt = 0, last_error = NULL, next_attempt_at = NULL,
-        delivered_at = NULL, updated_at = now()
-    FROM picked p
-    WHERE d.id = p.id
+        status = 'PENDING', attempt = n.entry, max_attempts = n.max_attempts, last_error = NULL,
+        next_attempt_at = NULL, delivered_at = NULL, updated_at = now()
+    FROM numbered n
+    WHERE d.id = n.id
     RETURNING d.id, d.created_at, d.channel_type, d.event_id, d AS delivery
 ),
 logged AS (
-    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome, error)
-    SELECT p.id, p.attempt, now(), 0, 'replayed', $9
-    FROM picked p
+    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome)
+    SELECT n.id, n.entry, now(), 0, 'replayed'
+    FROM numbered n
 ),
 queued AS (
     INSERT INTO outbox (delivery_id, routing_key, body)
-    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, p.config, 1)
-    FROM upd u JOIN picked p ON p.id = u.id JOIN events e ON e.id = u.event_id
+    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1)
+    FROM upd u JOIN numbered n ON n.id = u.id JOIN events e ON e.id = u.event_id
 )
 SELECT id, created_at FROM upd;
 

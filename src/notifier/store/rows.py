@@ -115,6 +115,8 @@ class DeliveryState(msgspec.Struct, frozen=True):
     channel_reason: str | None = None
     # The channel's rate_limit_per_second (None: no limit), read with its state.
     rate_limit_per_second: float | None = None
+    # The number of the delivery's latest replay (0: none): its backoff starts again after it.
+    replayed_at: int = 0
 
 
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):

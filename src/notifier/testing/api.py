@@ -24,7 +24,7 @@ import trio
 
 from notifier.errors import StoreUnavailable
 from notifier.store.api import ApiStore
-from notifier.store.deliveries import REPLAY_NOTE, not_replayable
+from notifier.store.deliveries import not_replayable
 from notifier.store.errors import (
     ConfigChanged,
     IdempotencyConflict,
@@ -357,15 +357,23 @@ class MemoryApiStore(ApiStore):
         return "enabled" if channel.enabled else "disabled"
 
     def _replay(self, stored: _StoredDelivery) -> None:
-        """Enqueue a finished delivery again with a fresh attempt budget (``replay``)."""
+        """Enqueue a finished delivery again with a fresh attempt budget: the rules of
+        ``replay`` (queries_deliveries.sql) — a ``replayed`` entry numbered after every entry
+        before it, the budget counted from it."""
         d = stored.delivery
+        entry = max([d.attempt, *(a.attempt for a in stored.attempts)]) + 1
+        last_replay = max(
+            (a.attempt for a in stored.attempts if a.outcome == "replayed" and a.error is None),
+            default=0,
+        )
         stored.attempts.append(Attempt(
-            attempt=d.attempt, outcome="replayed", status_code=None, duration_ms=0,
-            error=REPLAY_NOTE, started_at=self._now(),
+            attempt=entry, outcome="replayed", status_code=None, duration_ms=0, error=None,
+            started_at=self._now(),
         ))  # fmt: skip
         stored.delivery = msgspec.structs.replace(
-            d, status="PENDING", attempt=0, last_error=None, next_attempt_at=None,
-            delivered_at=None,
+            d, status="PENDING", attempt=entry,
+            max_attempts=entry + max(d.max_attempts - last_replay, 1), last_error=None,
+            next_attempt_at=None, delivered_at=None,
         )  # fmt: skip
         self.enqueued.append(d.id)
 

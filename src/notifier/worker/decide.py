@@ -57,8 +57,13 @@ def decide(
     policy: RetryPolicy,
     now: datetime,
     retry_after: float | None = None,
+    replayed_at: int = 0,
 ) -> Decision:
     """The docs/architecture.md §5 table for one attempt's result.
+
+    ``max_attempts`` is the highest number an attempt may have; ``replayed_at`` the number of
+    the delivery's latest replay (0: none), after which the backoff starts again from the base,
+    as its budget does (attempt numbers keep increasing across replays).
 
     - delivered → ``DELIVERED``, ack;
     - retriable with attempts left → ``RETRYING``; publish attempt + 1 to the delay tier that
@@ -71,7 +76,8 @@ def decide(
     if result is Result.PANIC:
         return Decision(status="DEAD", outcome="panic", settle=Settle.REJECT)
     if result is Result.RETRIABLE and attempt < max_attempts:
-        tier = tier_for(retry_delay(attempt, policy, retry_after), policy.tiers_seconds)
+        since_replay = max(attempt - replayed_at, 1)
+        tier = tier_for(retry_delay(since_replay, policy, retry_after), policy.tiers_seconds)
         return Decision(
             status="RETRYING",
             outcome="retry",

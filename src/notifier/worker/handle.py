@@ -207,6 +207,7 @@ class Handler:
             decision = decide(
                 attempted.result, attempt=message.attempt, max_attempts=message.max_attempts,
                 policy=self._policy, now=now, retry_after=attempted.retry_after,
+                replayed_at=state.replayed_at,
             )  # fmt: skip
         record = AttemptRecord(
             delivery_id=message.delivery_id,
