@@ -291,7 +291,7 @@ def chromium() -> str:
         )  # fmt: skip
         found = shutil.which("chromium")
     if found is None:
-        pytest.skip("chromium is not installed (apt-get install chromium)")
+        pytest.fail("chromium is not installed and could not be: apt-get install chromium")
     return found
 
 
