@@ -186,8 +186,8 @@ async def _check(config: Config) -> bool:
                 report(True, "database: Postgres answers")
                 state = await store.schema_state(CHECK_TIMEOUT_SECONDS)
                 report(state.status in ("current", "ahead"), f"schema: {state.describe()}")
-    except (NotifierError, OSError, trio.TooSlowError) as exc:
-        report(False, f"database: {exc or 'no answer in time'}")
+    except Exception as exc:
+        report(False, f"database: {_why(exc)}")
     types = list(config.workers.enabled())
     topology = build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)
     queues = [q.name for q in topology.queues]
@@ -199,14 +199,20 @@ async def _check(config: Config) -> bool:
         node = node_address(url)
         try:
             found = await amqp.queue_depths(url, queues, timeout_seconds=CHECK_TIMEOUT_SECONDS)
-        except NotifierError as exc:
-            report(False, f"broker {node}: {exc}")
+        except Exception as exc:
+            report(False, f"broker {node}: {_why(exc)}")
             continue
         report(True, f"broker {node}: RabbitMQ answers")
         missing = [q for q in queues if q not in found]
         report(not missing, f"broker {node}: {len(queues) - len(missing)}/{len(queues)} queues "
                "declared" + (f"; missing {', '.join(missing)}" if missing else ""))  # fmt: skip
     return passed
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, from the errors themselves (never a URL: those may carry passwords)."""
+    leaves = _leaves(exc)
+    return "; ".join(str(e) or type(e).__name__ for e in leaves)
 
 
 def _new_key() -> str:
