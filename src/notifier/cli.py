@@ -21,7 +21,7 @@ from notifier.broker import amqp
 from notifier.broker.nodes import node_address, node_urls
 from notifier.broker.topology import build_topology, ingest_topology
 from notifier.config import Config, available_cores, load_config
-from notifier.errors import ConfigError, NotifierError
+from notifier.errors import ConfigError, NotifierError, StoreUnavailable
 from notifier.ingest.tenants import hash_api_key
 from notifier.launch import READY_FD_ENV, launch, notify_ready
 from notifier.logs import setup_fallback_logging, setup_logging
@@ -130,8 +130,16 @@ async def _schema_state(config: Config) -> SchemaState:
 def _require_schema(config: Config) -> None:
     """Refuse to run on a database whose schema is missing or older than this code's (exit 2,
     once: a launch's parent checks before it starts any process). A newer one — a newer release
-    migrated it, migrations only add — is run on, with a warning."""
-    state = trio.run(_schema_state, config)
+    migrated it, migrations only add — is run on, with a warning. Postgres unreachable is not
+    decided here: the start goes on and meets it as before (a launch starts its processes
+    again, and each checks the schema once it can)."""
+    try:
+        state = trio.run(_schema_state, config)
+    except Exception as exc:
+        if not all(isinstance(e, StoreUnavailable) for e in _leaves(exc)):
+            raise
+        log.warning("schema version not checked: %s", _why(exc))
+        return
     if state.status in ("missing", "behind"):
         raise SchemaNotCurrent(state.describe())
     if state.status == "ahead":
