@@ -196,24 +196,29 @@ async def _check(config: Config) -> bool:
                 report(state.status in ("current", "ahead"), f"schema: {state.describe()}")
     except Exception as exc:
         report(False, f"database: {_why(exc)}")
+    # What the relay declares (and the workers consume), and AMQP ingest's own, if enabled.
     types = list(config.workers.enabled())
-    topology = build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)
-    queues = [q.name for q in topology.queues]
+    parts = [build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)]
     if config.amqp_ingest.enabled:
         ingest = config.amqp_ingest
-        queues += [q.name for q in ingest_topology(ingest.queue, ingest.dead_letter_queue_name,
-                                                   config.broker.queue_type).queues]  # fmt: skip
+        parts.append(ingest_topology(ingest.queue, ingest.dead_letter_queue_name,
+                                     config.broker.queue_type))  # fmt: skip
+    exchanges = [e for t in parts for e in t.exchanges]
+    queues = [q.name for t in parts for q in t.queues]
+    declared = len(exchanges) + len(queues)
     for url in node_urls(config.broker.url):
         node = node_address(url)
         try:
-            found = await amqp.queue_depths(url, queues, timeout_seconds=CHECK_TIMEOUT_SECONDS)
+            missing = await amqp.missing_topology(
+                url, exchanges, queues, timeout_seconds=CHECK_TIMEOUT_SECONDS
+            )
         except Exception as exc:
             report(False, f"broker {node}: {_why(exc)}")
             continue
         report(True, f"broker {node}: RabbitMQ answers")
-        missing = [q for q in queues if q not in found]
-        report(not missing, f"broker {node}: {len(queues) - len(missing)}/{len(queues)} queues "
-               "declared" + (f"; missing {', '.join(missing)}" if missing else ""))  # fmt: skip
+        found = f"{declared - len(missing)}/{declared} exchanges and queues declared"
+        report(not missing, f"broker {node}: {found}"
+               + (f"; missing {', '.join(missing)}" if missing else ""))  # fmt: skip
     return passed
 
 

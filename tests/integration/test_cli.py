@@ -204,9 +204,9 @@ async def test_check_reports_each_check_and_exits_1_until_all_pass(
     lines = first.stdout.splitlines()
     assert "ok database: Postgres answers" in lines
     assert f"ok schema: schema version {LATEST} (current)" in lines
-    assert any(
-        line.startswith("FAIL broker") and "missing deliveries.webhook" in line for line in lines
-    )
+    (broker,) = [line for line in lines if line.startswith("FAIL broker")]
+    assert "0/15 exchanges and queues declared; missing exchange deliveries," in broker
+    assert "queue deliveries.webhook," in broker
 
     config = parse_config(tomllib.loads(cfg.read_text()), env={})
     with trio.fail_after(30):
