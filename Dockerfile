@@ -9,6 +9,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md schema.sql ./
+COPY migrations ./migrations
 COPY src ./src
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 

@@ -54,7 +54,7 @@ fmt: setup
     {{bin}}/ruff format src tests bench
     {{bin}}/ruff check --fix src tests bench
 
-# apply schema.sql to the database of the config
+# apply the missing schema migrations (migrations/) to the database of the config
 migrate: setup services
     {{bin}}/notifier migrate --config {{config}}
 

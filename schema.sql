@@ -1,5 +1,7 @@
--- notifier schema. Applied by `notifier migrate`; every statement is idempotent, so running it
--- again (or from two processes at once: migrate takes an advisory lock) changes nothing.
+-- notifier schema: the whole current schema, for reading and for tests. `notifier migrate` does
+-- not apply this file: it applies the versioned migrations in migrations/ (recorded in the
+-- table schema_migrations), and a test holds the two to the same result. A change to the
+-- schema goes here AND into a new migrations/NNNN_<what>.sql.
 
 CREATE TABLE IF NOT EXISTS tenants (
     id            uuid PRIMARY KEY,
@@ -7,6 +9,9 @@ CREATE TABLE IF NOT EXISTS tenants (
     api_key_hash  text NOT NULL UNIQUE,          -- hex SHA-256 of the API key; the key is shown once
     created_at    timestamptz NOT NULL DEFAULT now()
 );
+-- A disabled tenant (`notifier tenant disable`): its API key is refused, its events fan out to
+-- no channel (migrations/0002).
+ALTER TABLE tenants ADD COLUMN IF NOT EXISTS enabled boolean NOT NULL DEFAULT true;
 
 CREATE TABLE IF NOT EXISTS channels (
     id            uuid PRIMARY KEY,

@@ -69,6 +69,17 @@ class Scratch:
         rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
         self._conn = self.loop.run(asyncpg.connect(self.db_url))
         self.execute(SCHEMA_PATH.read_text())
+        # schema.sql is the whole current schema: record every migration as applied, as
+        # `notifier migrate` would have (`notifier run` refuses a database without them)
+        self.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for path in sorted((SCHEMA_PATH.parent / "migrations").glob("*.sql")):
+            version, _, name = path.stem.partition("_")
+            self.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", int(version), name
+            )
         self.execute(
             "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'bench', $2)",
             self.tenant, hash_api_key(self.key),

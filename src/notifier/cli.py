@@ -1,5 +1,6 @@
-"""``notifier migrate | run | tenant create``. Exit codes: 0 ok, 1 runtime failure, 2 bad usage
-or config."""
+"""``notifier migrate | run | check | tenant create|list|rotate-key|disable|enable``. Exit codes:
+0 ok, 1 runtime failure (``check``: a check failed), 2 bad usage or config (a schema that is not
+migrated, a tenant name taken or not found)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import secrets
 import sys
 from collections.abc import Sequence
@@ -14,27 +16,55 @@ from typing import Literal
 
 import trio
 
-from notifier import service
+from notifier import __version__, service
+from notifier.broker import amqp
+from notifier.broker.nodes import node_address, node_urls
+from notifier.broker.topology import build_topology, ingest_topology
 from notifier.config import Config, available_cores, load_config
-from notifier.errors import ConfigError, NotifierError
+from notifier.errors import ConfigError, NotifierError, StoreUnavailable
 from notifier.ingest.tenants import hash_api_key
 from notifier.launch import READY_FD_ENV, launch, notify_ready
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
 from notifier.store import open_store
+from notifier.store.errors import TenantExists
+from notifier.store.versions import SchemaNotCurrent, SchemaState
 
 log = logging.getLogger("notifier")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 API_KEY_PREFIX = "nk_"
+TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+CHECK_TIMEOUT_SECONDS = 5.0  # each check of `notifier check`
+
+
+class UsageError(NotifierError):
+    """What the operator asked cannot be done as asked (exit 2): a schema not migrated, a
+    tenant name that is invalid, taken or unknown."""
+
+
+def _tenant_name(value: str) -> str:
+    if not TENANT_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"invalid tenant name {value!r}: 1 to 100 letters, digits, '-', '_' or '.'"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="FILE", help="TOML config (default: $NOTIFIER_CONFIG)")
     parser = argparse.ArgumentParser(prog="notifier", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"notifier {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", parents=[common], help="create or update the database schema")
+    sub.add_parser(
+        "migrate", parents=[common], help="apply the missing schema migrations (migrations/)"
+    )
+    sub.add_parser(
+        "check",
+        parents=[common],
+        help="check the config, Postgres, the schema version and RabbitMQ's queues",
+    )
     run = sub.add_parser("run", parents=[common], help="run the service")
     run.add_argument(
         "--role",
@@ -53,7 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     create = tenant_sub.add_parser(
         "create", parents=[common], help="create a tenant, print its key"
     )
-    create.add_argument("name")
+    create.add_argument("name", type=_tenant_name)
+    tenant_sub.add_parser("list", parents=[common], help="the tenants (never their keys)")
+    for verb, what in (
+        ("rotate-key", "give the tenant a new key, print it; the old one stops working"),
+        ("disable", "refuse the tenant's key and fan its events out to no channel"),
+        ("enable", "undo disable"),
+    ):
+        tenant_sub.add_parser(verb, parents=[common], help=what).add_argument(
+            "name", type=_tenant_name
+        )
     return parser
 
 
@@ -83,7 +122,32 @@ async def _run_child(config: Config, roles: list[str]) -> None:
         notify_ready()
 
 
+async def _schema_state(config: Config) -> SchemaState:
+    async with open_store(config.database.url, max_size=1, pooler=config.database.pooler) as store:
+        return await store.schema_state(CHECK_TIMEOUT_SECONDS)
+
+
+def _require_schema(config: Config) -> None:
+    """Refuse to run on a database whose schema is missing or older than this code's (exit 2,
+    once: a launch's parent checks before it starts any process). A newer one — a newer release
+    migrated it, migrations only add — is run on, with a warning. Postgres unreachable is not
+    decided here: the start goes on and meets it as before (a launch starts its processes
+    again, and each checks the schema once it can)."""
+    try:
+        state = trio.run(_schema_state, config)
+    except Exception as exc:
+        if not all(isinstance(e, StoreUnavailable) for e in _leaves(exc)):
+            raise
+        log.warning("schema version not checked: %s", _why(exc))
+        return
+    if state.status in ("missing", "behind"):
+        raise SchemaNotCurrent(state.describe())
+    if state.status == "ahead":
+        log.warning("%s; running on it", state.describe())
+
+
 def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
+    _require_schema(config)
     wanted = args.processes if args.processes is not None else config.service.processes
     count = available_cores() if wanted == "auto" else wanted
     if count > 1:
@@ -101,15 +165,97 @@ def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
 
 async def _migrate(config: Config) -> None:
     async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
-        await store.migrate()
-    print("schema is up to date")
+        applied = await store.migrate()
+        state = await store.schema_state()
+    for m in applied:
+        print(f"applied {m.version:04d}_{m.name}")
+    print(f"schema is up to date: {state.describe()}")
 
 
-async def _tenant_create(config: Config, name: str) -> None:
-    api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+async def _check(config: Config) -> bool:
+    """One line per check, ``ok …`` or ``FAIL …`` (addresses, never credentials); whether
+    every check passed."""
+    passed = True
+
+    def report(ok: bool, what: str) -> None:
+        nonlocal passed
+        passed = passed and ok
+        print(f"{'ok' if ok else 'FAIL'} {what}", flush=True)
+
+    report(True, "config")
+    db = config.database
+    try:
+        with trio.fail_after(CHECK_TIMEOUT_SECONDS * 2):
+            async with open_store(
+                db.url, max_size=1, pooler=db.pooler,
+                connect_timeout_seconds=CHECK_TIMEOUT_SECONDS,
+            ) as store:  # fmt: skip
+                await store.ping(CHECK_TIMEOUT_SECONDS)
+                report(True, "database: Postgres answers")
+                state = await store.schema_state(CHECK_TIMEOUT_SECONDS)
+                report(state.status in ("current", "ahead"), f"schema: {state.describe()}")
+    except Exception as exc:
+        report(False, f"database: {_why(exc)}")
+    # What the relay declares (and the workers consume), and AMQP ingest's own, if enabled.
+    types = list(config.workers.enabled())
+    parts = [build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)]
+    if config.amqp_ingest.enabled:
+        ingest = config.amqp_ingest
+        parts.append(ingest_topology(ingest.queue, ingest.dead_letter_queue_name,
+                                     config.broker.queue_type))  # fmt: skip
+    exchanges = [e for t in parts for e in t.exchanges]
+    queues = [q.name for t in parts for q in t.queues]
+    declared = len(exchanges) + len(queues)
+    for url in node_urls(config.broker.url):
+        node = node_address(url)
+        try:
+            missing = await amqp.missing_topology(
+                url, exchanges, queues, timeout_seconds=CHECK_TIMEOUT_SECONDS
+            )
+        except Exception as exc:
+            report(False, f"broker {node}: {_why(exc)}")
+            continue
+        report(True, f"broker {node}: RabbitMQ answers")
+        found = f"{declared - len(missing)}/{declared} exchanges and queues declared"
+        report(not missing, f"broker {node}: {found}"
+               + (f"; missing {', '.join(missing)}" if missing else ""))  # fmt: skip
+    return passed
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, from the errors themselves (never a URL: those may carry passwords)."""
+    leaves = _leaves(exc)
+    return "; ".join(str(e) or type(e).__name__ for e in leaves)
+
+
+def _new_key() -> str:
+    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def _tenant(config: Config, args: argparse.Namespace) -> None:
+    verb, name = args.tenant_command, getattr(args, "name", "")
     async with open_store(config.database.url, max_size=2, pooler=config.database.pooler) as store:
-        tenant_id = await store.create_tenant(name, hash_api_key(api_key))
-    print(json.dumps({"id": str(tenant_id), "name": name, "api_key": api_key}))
+        if verb == "create":
+            api_key = _new_key()
+            try:
+                tenant_id = await store.create_tenant(name, hash_api_key(api_key))
+            except TenantExists as exc:
+                raise UsageError(str(exc)) from None
+            print(json.dumps({"id": str(tenant_id), "name": name, "api_key": api_key}))
+        elif verb == "list":
+            for t in await store.list_tenants():
+                print(json.dumps({"name": t.name, "id": str(t.id),
+                                  "created_at": t.created_at.isoformat(),
+                                  "enabled": t.enabled}))  # fmt: skip
+        elif verb == "rotate-key":
+            api_key = _new_key()
+            if not await store.rotate_tenant_key(name, hash_api_key(api_key)):
+                raise UsageError(f"no tenant named {name!r}")
+            print(json.dumps({"name": name, "api_key": api_key}))
+        else:
+            if not await store.set_tenant_enabled(name, verb == "enable"):
+                raise UsageError(f"no tenant named {name!r}")
+            print(f"tenant {name!r} {verb}d")
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -134,15 +280,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(config, _roles(args.role), args)
         elif args.command == "migrate":
             trio.run(_migrate, config)
+        elif args.command == "check":
+            return EXIT_OK if trio.run(_check, config) else EXIT_FAILURE
         else:
-            trio.run(_tenant_create, config, args.name)
+            trio.run(_tenant, config, args)
     except Exception as exc:
         errors = _leaves(exc)
         for err in errors:
             print(f"notifier: {_describe(err, args)}", file=sys.stderr)
         if not all(isinstance(e, NotifierError | OSError) for e in errors):
             log.error("unexpected failure", exc_info=exc)
-        return EXIT_USAGE if any(isinstance(e, ConfigError) for e in errors) else EXIT_FAILURE
+        usage = any(isinstance(e, ConfigError | UsageError | SchemaNotCurrent) for e in errors)
+        return EXIT_USAGE if usage else EXIT_FAILURE
     return EXIT_OK
 
 

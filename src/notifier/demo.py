@@ -1,7 +1,8 @@
 """``python -m notifier.demo``: run notifier with a local webhook sink and deliver one event.
 
-Creates the configured database if it is missing, applies the schema, creates a demo tenant,
-starts the service and a sink on 127.0.0.1, subscribes the sink, posts an event and shows what
+Creates the configured database if it is missing, applies the schema, creates the tenant
+``demo`` (or, when an earlier run made it, gives it a new key and removes its channels), starts
+the service and a sink on 127.0.0.1, subscribes the sink, posts an event and shows what
 the sink received and what the API says about the delivery. Without ``--exit`` the service keeps
 running (Ctrl-C stops it gracefully).
 """
@@ -25,6 +26,7 @@ from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.store import open_store
+from notifier.store.errors import TenantExists
 from notifier.testing import WebhookSink, open_sink
 
 
@@ -45,6 +47,16 @@ async def ensure_database(url: str) -> None:
     await aio(create)
 
 
+DEMO_TENANT = "demo"
+
+
+async def remove_channels(api: httpx.AsyncClient) -> None:
+    """The channels an earlier run left (their sinks are gone): a new event must not go there."""
+    while items := (await api.get("/v1/channels")).raise_for_status().json()["items"]:
+        for channel in items:
+            (await api.delete(f"/v1/channels/{channel['id']}")).raise_for_status()
+
+
 def show(title: str, data: object) -> None:
     print(f"\n== {title}\n{json.dumps(data, indent=2)}", flush=True)
 
@@ -55,13 +67,19 @@ async def demo(config: Config, exit_after: bool) -> None:
         api_key = "nk_demo_" + secrets.token_urlsafe(24)
         async with open_store(config.database.url, max_size=2) as store:
             await store.migrate()
-            await store.create_tenant(f"demo-{secrets.token_hex(4)}", hash_api_key(api_key))
+            # One tenant for every run: its key is not kept in clear, so a run gives it a new one.
+            try:
+                await store.create_tenant(DEMO_TENANT, hash_api_key(api_key))
+            except TenantExists:
+                await store.rotate_tenant_key(DEMO_TENANT, hash_api_key(api_key))
+                await store.set_tenant_enabled(DEMO_TENANT, True)
         stop = Stop()
         async with open_sink() as sink, trio.open_nursery() as nursery:
             binds = await nursery.start(functools.partial(service.run, config, stop=stop))
             base = binds[0]
             headers = {"Authorization": f"Bearer {api_key}"}
             async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as api:
+                await remove_channels(api)
                 channel = await api.post(
                     "/v1/channels",
                     json={"type": "webhook", "name": "demo sink", "config": {"url": sink.url},

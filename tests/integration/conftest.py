@@ -23,7 +23,7 @@ from notifier import service
 from notifier.config import Config, parse_config
 from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
-from notifier.store.base import SCHEMA_PATH
+from notifier.store.versions import apply_missing
 from notifier.testing import Received
 
 PG_ADMIN = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -45,13 +45,26 @@ def _pg(sql: str, url: str = PG_ADMIN) -> None:
     asyncio.run(run())
 
 
+def migrate(url: str) -> None:
+    """Apply every migration to the database ``url``, as ``notifier migrate`` does."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await apply_missing(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     # Unique per instance: another test directory's conftest may import this fixture, and
     # pytest then makes one instance of it there too.
     name = f"{TEMPLATE}_{uuid.uuid4().hex[:6]}"
     _pg(f'CREATE DATABASE "{name}"')
-    _pg(SCHEMA_PATH.read_text(), f"{PG_BASE}/{name}")
+    migrate(f"{PG_BASE}/{name}")
     yield name
     _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

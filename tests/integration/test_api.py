@@ -27,6 +27,7 @@ import trio
 
 from notifier.ingest.tenants import hash_api_key
 from notifier.store.rows import Channel
+from notifier.store.versions import LATEST
 from notifier.testing import fanout_targets
 from tests.integration.conftest import (
     AMQP_BASE,
@@ -1236,4 +1237,8 @@ async def test_healthz_and_readyz_answer_200(api: Api) -> None:
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
         ready = await anonymous.get("/readyz")
         assert ready.status_code == 200, ready.text
-        assert ready.json() == {"status": "ready", "checks": {"database": "ok", "broker": "ok"}}
+        assert ready.json() == {
+            "status": "ready",
+            "checks": {"database": "ok", "schema": "ok", "broker": "ok"},
+            "schema": {"status": "current", "version": LATEST, "expected": LATEST},
+        }

@@ -7,15 +7,34 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
+import uuid
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
+from notifier import __version__
+from notifier.broker import amqp
+from notifier.broker.topology import build_topology
+from notifier.config import parse_config
 from notifier.errors import StoreError
+from notifier.ingest.events import new_event
+from notifier.ingest.models import EventIn
+from notifier.ingest.tenants import TENANT_CACHE_SECONDS
 from notifier.store import open_store
 from notifier.store.errors import TenantExists
-from tests.integration.conftest import PG_ADMIN, sql
+from notifier.store.versions import LATEST
+from tests.integration.conftest import (
+    PG_ADMIN,
+    PG_BASE,
+    _pg,
+    make_config,
+    poll,
+    run_notifier,
+    sql,
+)
 
 
 def notifier(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,8 +74,11 @@ async def test_migrate_is_idempotent_and_creates_every_table(tmp_path: Path) -> 
         }
         assert tables == {
             "tenants", "channels", "events", "deliveries", "delivery_attempts", "outbox",
-            "rate_buckets",
+            "rate_buckets", "schema_migrations",
         }  # fmt: skip
+        assert "applied 0001_initial" in first.stdout
+        assert "applied" not in second.stdout
+        assert f"schema version {LATEST} (current)" in second.stdout
         indexes = {
             r[0]
             for r in await sql(
@@ -86,8 +108,8 @@ async def test_tenant_create_prints_the_key_once_and_stores_only_its_hash(
     assert out["api_key"] not in dump[0][0]
 
     again = notifier("tenant", "create", "acme", "--config", str(cfg))
-    assert again.returncode == 1
-    assert "already exists" in again.stderr
+    assert again.returncode == 2
+    assert "a tenant named 'acme' already exists" in again.stderr
 
 
 async def test_only_a_taken_name_is_tenant_exists(database_url: str) -> None:
@@ -128,3 +150,165 @@ def test_unreachable_database_exits_1(tmp_path: Path) -> None:
     done = notifier("migrate", "--config", str(cfg))
     assert done.returncode == 1
     assert "Postgres" in done.stderr
+
+
+def test_version() -> None:
+    done = notifier("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"notifier {__version__}")
+
+
+@pytest.fixture
+def unmigrated_url() -> Iterator[str]:
+    name = f"notifier_cli_empty_{uuid.uuid4().hex[:12]}"
+    _pg(f'CREATE DATABASE "{name}"')
+    yield f"{PG_BASE}/{name}"
+    _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_run_refuses_a_database_that_was_never_migrated(
+    tmp_path: Path, unmigrated_url: str
+) -> None:
+    cfg = config_file(tmp_path, unmigrated_url)
+    for extra in ([], ["--processes", "2"]):
+        done = notifier("run", "--config", str(cfg), *extra)
+        assert done.returncode == 2, done.stderr
+        # once, from the process that was started (a launch's parent checks before any child)
+        assert done.stderr.count("run `notifier migrate`") == 1, done.stderr
+        assert "notifier running" not in done.stderr
+
+
+def test_run_refuses_an_older_schema(tmp_path: Path, database_url: str) -> None:
+    _pg(f"DELETE FROM schema_migrations WHERE version = {LATEST}", database_url)
+    done = notifier("run", "--config", str(config_file(tmp_path, database_url)))
+    assert done.returncode == 2
+    assert f"older than this code's {LATEST}" in done.stderr
+    assert "run `notifier migrate`" in done.stderr
+
+
+def check_config(tmp_path: Path, database_url: str, broker_urls: list[str]) -> Path:
+    path = tmp_path / "check.toml"
+    urls = ", ".join(f'"{u}"' for u in broker_urls)
+    path.write_text(
+        f'[database]\nurl = "{database_url}"\n[broker]\nurl = [{urls}]\n'
+        "[workers.webhook]\nconcurrency = 1\n"
+    )
+    return path
+
+
+async def test_check_reports_each_check_and_exits_1_until_all_pass(
+    tmp_path: Path, database_url: str, unmigrated_url: str, broker_url: str
+) -> None:
+    cfg = check_config(tmp_path, database_url, [broker_url])
+    first = await trio.to_thread.run_sync(notifier, "check", "--config", str(cfg))
+    assert first.returncode == 1, first.stdout + first.stderr
+    lines = first.stdout.splitlines()
+    assert "ok database: Postgres answers" in lines
+    assert f"ok schema: schema version {LATEST} (current)" in lines
+    (broker,) = [line for line in lines if line.startswith("FAIL broker")]
+    assert "0/15 exchanges and queues declared; missing exchange deliveries," in broker
+    assert "queue deliveries.webhook," in broker
+
+    config = parse_config(tomllib.loads(cfg.read_text()), env={})
+    with trio.fail_after(30):
+        async with amqp.open_connection(broker_url, name="test") as conn:
+            await conn.declare(build_topology(["webhook"], config.retry.tiers_seconds,
+                                              config.broker.queue_type))  # fmt: skip
+    passing = await trio.to_thread.run_sync(notifier, "check", "--config", str(cfg))
+    assert passing.returncode == 0, passing.stdout
+    assert all(line.startswith("ok ") for line in passing.stdout.splitlines())
+
+    # an unmigrated database, a cluster node that does not answer: a FAIL line each, and no
+    # password anywhere
+    secret = "s3cret-pw"
+    dead = f"amqp://guest:{secret}@127.0.0.1:1/"
+    cfg = check_config(tmp_path, unmigrated_url, [broker_url, dead])
+    failing = await trio.to_thread.run_sync(notifier, "check", "--config", str(cfg))
+    assert failing.returncode == 1
+    out = failing.stdout.splitlines()
+    assert any(line.startswith("FAIL schema:") and "notifier migrate" in line for line in out)
+    assert any(line.startswith("FAIL broker 127.0.0.1:1/") for line in out), out
+    assert secret not in failing.stdout + failing.stderr
+
+
+def test_check_exits_2_on_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[database]\npool_max_size = 'x'\n")
+    done = notifier("check", "--config", str(bad))
+    assert done.returncode == 2
+    assert "database.pool_max_size" in done.stderr
+
+
+def test_tenant_names_are_validated(tmp_path: Path, database_url: str) -> None:
+    cfg = str(config_file(tmp_path, database_url))
+    # (the rule itself: tests/unit/test_schema_versions.py)
+    done = notifier("tenant", "create", "a b", "--config", cfg)
+    assert done.returncode == 2
+    assert "invalid tenant name 'a b'" in done.stderr
+    assert notifier("tenant", "create", "Acme-1_a.b", "--config", cfg).returncode == 0
+    unknown = notifier("tenant", "disable", "nobody", "--config", cfg)
+    assert unknown.returncode == 2
+    assert "no tenant named 'nobody'" in unknown.stderr
+
+
+async def test_rotate_disable_and_enable_a_tenant(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    cfg = str(config_file(tmp_path, database_url))
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = await trio.to_thread.run_sync(lambda: notifier(*args, "--config", cfg))
+        assert done.returncode == 0, done.stderr
+        return done
+
+    first_key = json.loads((await cli("tenant", "create", "acme")).stdout)["api_key"]
+    await cli("tenant", "create", "other")
+    listed = [json.loads(line) for line in (await cli("tenant", "list")).stdout.splitlines()]
+    assert [(t["name"], t["enabled"]) for t in listed] == [("acme", True), ("other", True)]
+    assert all(set(t) == {"name", "id", "created_at", "enabled"} for t in listed)
+
+    config = make_config(database_url, broker_url)
+    async with run_notifier(config, ("ingest",)) as running:
+
+        async def status(key: str) -> int:
+            async with running.client(key) as client:
+                return (await client.get("/v1/channels")).status_code
+
+        async def refused(key: str) -> None:
+            """401 for ``key`` within the tenant cache's bound (it was just admitted)."""
+            started = trio.current_time()
+            with trio.fail_after(TENANT_CACHE_SECONDS + 5):
+                await poll(lambda: _is(status(key), 401), interval_seconds=0.2)
+            assert trio.current_time() - started <= TENANT_CACHE_SECONDS + 1
+
+        assert await status(first_key) == 200
+        rotated = json.loads((await cli("tenant", "rotate-key", "acme")).stdout)
+        assert set(rotated) == {"name", "api_key"}
+        second_key = rotated["api_key"]
+        assert await status(second_key) == 200  # the new key works at once
+        await refused(first_key)
+
+        await cli("tenant", "disable", "acme")
+        # its events fan out to no channel at once, whatever an ingest process cached
+        (tenant_id,) = [t["id"] for t in listed if t["name"] == "acme"]
+        await sql(
+            database_url,
+            "INSERT INTO channels (id, tenant_id, type, config) "
+            "VALUES (gen_random_uuid(), $1, 'webhook', '{}'::jsonb)",
+            uuid.UUID(tenant_id),
+        )
+        async with open_store(database_url, max_size=2) as store:
+            event = new_event(EventIn(type="order.created", payload={}), None)
+            (stored,) = await store.ingest(uuid.UUID(tenant_id), [event], {})
+            assert stored.event.deliveries == []
+            # AMQP ingest finds no disabled tenant: its messages are dead-lettered
+            assert set(await store.tenant_ids_by_names(["acme", "other"])) == {"other"}
+            await refused(second_key)
+            await cli("tenant", "enable", "acme")
+            assert await status(second_key) == 200
+            later = new_event(EventIn(type="order.created", payload={}), None)
+            (again,) = await store.ingest(uuid.UUID(tenant_id), [later], {})
+            assert len(again.event.deliveries) == 1
+
+
+async def _is(status: Awaitable[int], wanted: int) -> bool:
+    return await status == wanted

@@ -367,7 +367,8 @@ def test_the_dockerfile_runs_notifier_from_its_wheel_as_a_user() -> None:
 
 def test_the_image_build_context_makes_a_complete_wheel(tmp_path: Path) -> None:
     """The wheel built from exactly what the Dockerfile copies (and .dockerignore lets in)
-    carries the schema that ``notifier migrate`` applies and the ``notifier`` command."""
+    carries the schema, the migrations that ``notifier migrate`` applies and the ``notifier``
+    command."""
     context = tmp_path / "context"
     context.mkdir()
     for line in (ROOT / "Dockerfile").read_text().splitlines():
@@ -388,6 +389,11 @@ def test_the_image_build_context_makes_a_complete_wheel(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("notifier-*.whl")
     with zipfile.ZipFile(wheel) as z:
         schema = z.read("notifier/store/schema.sql").decode()
+        migrations = {
+            Path(n).name: z.read(n).decode()
+            for n in z.namelist()
+            if n.startswith("notifier/store/migrations/")
+        }
         (entry_points,) = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
         redoc = "notifier/ingest/static/redoc"  # /docs: the bundle and its licences
@@ -395,4 +401,7 @@ def test_the_image_build_context_makes_a_complete_wheel(tmp_path: Path) -> None:
         assert {f"{redoc}/LICENSE", f"{redoc}/redoc.standalone.js.LICENSE.txt"} <= set(z.namelist())
     assert schema == (ROOT / "schema.sql").read_text()
     assert bundle == (ROOT / "src" / redoc / "redoc.standalone.js").read_bytes()
+    shipped = {p.name: p.read_text() for p in (ROOT / "migrations").glob("*.sql")}
+    assert migrations == shipped
+    assert {"0001_initial.sql", "0002_tenant_enabled.sql"} <= set(shipped)
     assert "notifier = notifier.cli:main" in scripts

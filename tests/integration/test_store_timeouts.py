@@ -14,7 +14,7 @@ import trio
 from notifier.bridge import aio
 from notifier.errors import StoreUnavailable
 from notifier.store import Store, open_store
-from notifier.store.admin import MIGRATE_LOCK
+from notifier.store.versions import MIGRATE_LOCK
 from tests.integration.conftest import poll, scalar
 
 pytestmark = pytest.mark.integration

@@ -362,7 +362,8 @@ async def test_one_transaction_for_the_good_and_the_dead_letter_queue_for_the_ba
     assert [e.idempotency_key for e in s.store.stored] == ["good-1", "good-2", "k"]
     assert s.dead() == {
         "bad-json": ("invalid_json", "body is not valid JSON: Input data was truncated"),
-        "no-tenant": ("unknown_tenant", "tenant 'ghost' (app_id 'ghost-app') does not exist"),
+        "no-tenant": ("unknown_tenant",
+                      "tenant 'ghost' (app_id 'ghost-app') does not exist or is disabled"),
         "foreign-channel": ("validation_error",
                             f"channel_ids: unknown channel ids: {OTHER_CHANNEL}"),
         "conflict": ("idempotency_conflict",

@@ -20,6 +20,7 @@ from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import IngestResult, NewEvent
+from notifier.store.versions import LATEST, SchemaState
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
 
@@ -432,3 +433,38 @@ async def test_postgres_unavailable_fails_every_request_stored_together_with_503
                                             for i in range(4)])  # fmt: skip
     assert {(a.status, error_code(a)) for a in answers} == {(503, "unavailable")}
     assert {a.headers["Retry-After"] for a in answers} == {"5"}
+
+
+# -- readiness and the schema ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("applied", "status", "ready"),
+    [
+        (range(1, LATEST + 1), "current", True),
+        (range(1, LATEST + 2), "ahead", True),  # a newer release migrated it: still served
+        (range(1, LATEST), "behind", False),
+        ((), "missing", False),
+    ],
+)
+async def test_readyz_reports_the_schema_and_is_503_unless_migrated(
+    api: Api, applied: range | tuple[int, ...], status: str, ready: bool
+) -> None:
+    api.store.schema = SchemaState(frozenset(applied))
+    answer = await api.call("GET", "/readyz", key=None)
+    assert answer.status == (200 if ready else 503)
+    assert answer.body["schema"] == {
+        "status": status, "version": max(applied, default=0), "expected": LATEST,
+    }  # fmt: skip
+    if ready:
+        assert answer.body["checks"]["schema"] == "ok"
+    else:
+        assert "run `notifier migrate`" in answer.body["checks"]["schema"]
+
+
+async def test_readyz_without_the_database_has_no_schema(api: Api) -> None:
+    api.store.unavailable = True
+    answer = await api.call("GET", "/readyz", key=None)
+    assert answer.status == 503
+    assert answer.body["schema"] is None
+    assert answer.body["checks"]["schema"].startswith("unavailable")

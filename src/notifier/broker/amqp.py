@@ -275,3 +275,43 @@ async def _queue_depths_aio(
         if not ch.is_closed:
             await ch.close()
     return depths
+
+
+async def missing_topology(
+    url: str, exchanges: Sequence[str], queues: Sequence[str], *, timeout_seconds: float = 3.0
+) -> list[str]:
+    """Trio-flavoured. Which of ``exchanges`` and ``queues`` do not exist on the node ``url``
+    (``"exchange NAME"``, ``"queue NAME"``), found with passive declares on a short connection
+    of its own (for ``notifier check``). Raise ``BrokerError`` when RabbitMQ is unreachable or
+    has not answered within ``timeout_seconds``."""
+    with trio.move_on_after(timeout_seconds):
+        async with open_connection(
+            url, name="check", connect_timeout_seconds=timeout_seconds * _CONNECT_SHARE,
+            short_lived=True,
+        ) as conn:  # fmt: skip
+            with broker_errors("checking the topology failed"):
+                return await aio(_missing_aio, conn._conn, exchanges, queues)
+    raise BrokerError("RabbitMQ did not answer in time")
+
+
+async def _missing_aio(
+    conn: aiormq.abc.AbstractConnection, exchanges: Sequence[str], queues: Sequence[str]
+) -> list[str]:
+    """Asyncio-flavoured: passive-declare each, on one channel while they exist (a missing one
+    closes the channel: the next gets a new channel)."""
+    missing: list[str] = []
+    ch = await conn.channel()
+    try:
+        for kind, name in [*(("exchange", e) for e in exchanges), *(("queue", q) for q in queues)]:
+            try:
+                if kind == "exchange":
+                    await ch.exchange_declare(name, passive=True)
+                else:
+                    await ch.queue_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                missing.append(f"{kind} {name}")
+                ch = await conn.channel()
+    finally:
+        if not ch.is_closed:
+            await ch.close()
+    return missing

@@ -215,7 +215,7 @@ class AmqpIngest:
         for m, p in valid:
             tenant_id = tenant_ids.get(p.tenant)
             if tenant_id is None:
-                reason = f"tenant {p.tenant!r} (app_id {m.app_id!r}) does not exist"
+                reason = f"tenant {p.tenant!r} (app_id {m.app_id!r}) does not exist or is disabled"
                 refused.append((m, Rejected("unknown_tenant", reason)))
             else:
                 items.append((m, tenant_id, p.event))

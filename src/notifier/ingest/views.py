@@ -141,9 +141,18 @@ class Health(_View):
     status: Literal["ok"]
 
 
+class SchemaReport(_View):
+    # "current"; "missing" or "behind" (run `notifier migrate`: not ready); "ahead" (a newer
+    # release migrated the database: ready, the migrations only add)
+    status: Literal["current", "missing", "behind", "ahead"]
+    version: int  # the highest migration the database has applied (0: none)
+    expected: int  # the highest this code knows
+
+
 class Readiness(_View):
     status: Literal["ready", "unavailable"]
-    checks: dict[str, str]  # "database", "broker": "ok" or "unavailable: <why>"
+    checks: dict[str, str]  # "database", "schema", "broker": "ok" or "unavailable: <why>"
+    schema: SchemaReport | None = None  # None when the database did not answer
 
 
 RESPONSE_MODELS: tuple[type[msgspec.Struct], ...] = (

@@ -1,36 +1,52 @@
-"""The store's queries for the schema, tenants, health and metrics: ``migrate`` (the CLI and
-start-up), tenants (the CLI creates them, the API finds them by API key), ``ping`` (``/readyz``)
-and the scrape-time gauges (``/metrics``)."""
+"""The store's queries for the schema, tenants, health and metrics: ``migrate`` (the CLI) and
+``schema_state`` (start-up, ``/readyz``, ``notifier check``), tenants (the CLI manages them, the
+API finds them by API key), ``ping`` (``/readyz``) and the scrape-time gauges (``/metrics``)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import uuid
 
 import asyncpg
 
-from notifier.store.base import SCHEMA_PATH, Conn, Q, crossing, transaction
+from notifier.store import versions
+from notifier.store.base import Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
-MIGRATE_LOCK = 0x6E6F7469  # advisory lock key for migrate ("noti")
 # Schema changes may rewrite big tables or wait for another migrate: not bounded like requests.
 MIGRATE_TIMEOUT_SECONDS = 3600.0
 TENANT_NAME_CONSTRAINT = "tenants_name_key"  # Postgres's name for schema.sql's UNIQUE (name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tenant:
+    """A tenant as ``notifier tenant list`` shows it: never its key (nor the key's hash)."""
+
+    id: uuid.UUID
+    name: str
+    created_at: datetime.datetime
+    enabled: bool
 
 
 class AdminQueries(Queries):
     """Schema, tenants, health and metrics."""
 
     @transaction
-    async def migrate(self) -> None:
-        sql = SCHEMA_PATH.read_text(encoding="utf-8")
-        wait = MIGRATE_TIMEOUT_SECONDS
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SET LOCAL statement_timeout = 0")
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATE_LOCK, timeout=wait)
-            await conn.execute(sql, timeout=wait)
+    async def migrate(self) -> list[versions.Migration]:
+        """Apply the missing migrations (``notifier.store.versions``); the ones applied."""
+        async with self._pool.acquire() as conn:
+            return await versions.apply_missing(conn, statement_seconds=MIGRATE_TIMEOUT_SECONDS)
+
+    @crossing
+    async def schema_state(self, timeout_seconds: float | None = None) -> versions.SchemaState:
+        """The schema versions the database has applied, against the ones this code knows."""
+        async with self._pool.acquire(timeout_seconds) as proxy:
+            conn: Conn = proxy
+            return await versions.read_state(conn, statement_seconds=timeout_seconds)
 
     @crossing
     async def ping(self, timeout_seconds: float) -> None:
@@ -62,10 +78,26 @@ class AdminQueries(Queries):
 
     @crossing
     async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None:
+        """The enabled tenant whose API key has this hash."""
         tenant_id: uuid.UUID | None = await self._pool.fetchval(
             Q["tenant_by_key_hash"], api_key_hash
         )
         return tenant_id
+
+    @crossing
+    async def list_tenants(self) -> list[Tenant]:
+        rows = await self._pool.fetch(Q["tenant_list"])
+        return [Tenant(r["id"], r["name"], r["created_at"], r["enabled"]) for r in rows]
+
+    @transaction
+    async def rotate_tenant_key(self, name: str, api_key_hash: str) -> bool:
+        """Replace the key of the tenant ``name``; False when there is no such tenant."""
+        return await self._pool.fetchval(Q["tenant_rotate_key"], name, api_key_hash) is not None
+
+    @transaction
+    async def set_tenant_enabled(self, name: str, enabled: bool) -> bool:
+        """Enable or disable the tenant ``name``; False when there is no such tenant."""
+        return await self._pool.fetchval(Q["tenant_set_enabled"], name, enabled) is not None
 
     @crossing
     async def metrics_snapshot(self) -> MetricsSnapshot:

@@ -20,6 +20,7 @@ from notifier.store.rows import (
     NewEvent,
     ReplayPage,
 )
+from notifier.store.versions import SchemaState
 
 
 class ApiStore(Protocol):
@@ -28,6 +29,8 @@ class ApiStore(Protocol):
     rows. The errors are those of ``notifier.store.errors`` and ``notifier.errors``."""
 
     async def ping(self, timeout_seconds: float) -> None: ...
+
+    async def schema_state(self, timeout_seconds: float | None = None) -> SchemaState: ...
 
     async def metrics_snapshot(self) -> MetricsSnapshot: ...
 

@@ -6,7 +6,17 @@ INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, $2, $3)
 RETURNING id, name;
 
 -- name: tenant_by_key_hash
-SELECT id FROM tenants WHERE api_key_hash = $1;
+-- A disabled tenant's key finds nothing: the API answers 401.
+SELECT id FROM tenants WHERE api_key_hash = $1 AND enabled;
+
+-- name: tenant_list
+SELECT id, name, created_at, enabled FROM tenants ORDER BY name;
+
+-- name: tenant_rotate_key
+UPDATE tenants SET api_key_hash = $2 WHERE name = $1 RETURNING id;
+
+-- name: tenant_set_enabled
+UPDATE tenants SET enabled = $2 WHERE name = $1 RETURNING id;
 
 -- name: metrics_snapshot
 -- The scrape-time gauges in one statement: the outbox depth, and the open deliveries (counts by

@@ -29,6 +29,9 @@ targets AS (
            coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts
     FROM ev
     JOIN input i ON i.id = ev.id
+    -- A disabled tenant's event reaches no channel, even one admitted just before it was
+    -- disabled (an ingest process caches tenants for a few seconds).
+    JOIN tenants tn ON tn.id = $1 AND tn.enabled
     JOIN channels c ON c.tenant_id = $1 AND c.enabled AND (
         CASE WHEN i.channel_ids IS NOT NULL THEN c.id = ANY (i.channel_ids)
         ELSE c.recipient IS NOT DISTINCT FROM ev.recipient
@@ -85,7 +88,8 @@ WHERE e.tenant_id = $1 AND e.id = $2;
 SELECT id FROM channels WHERE tenant_id = $1 AND id = ANY($2::uuid[]);
 
 -- name: amqp_tenants_by_names
-SELECT name, id FROM tenants WHERE name = ANY($1::text[]);
+-- A disabled tenant is not found: its messages are refused (dead-lettered) like an unknown one's.
+SELECT name, id FROM tenants WHERE name = ANY($1::text[]) AND enabled;
 
 -- name: amqp_channels_owned
 -- The channels among $1, with their tenants: a batch may span tenants.

@@ -43,6 +43,7 @@ from notifier.store.rows import (
     NewEvent,
     ReplayPage,
 )
+from notifier.store.versions import LATEST, SchemaState
 from notifier.testing import fanout_targets, pattern_matches
 from notifier.testing.buckets import MemoryBuckets
 
@@ -69,6 +70,7 @@ class MemoryApiStore(ApiStore):
 
     def __init__(self) -> None:
         self.tenants: dict[str, uuid.UUID] = {}  # API key hash -> tenant id
+        self.schema = SchemaState(frozenset(range(1, LATEST + 1)))  # what schema_state answers
         self.channels: dict[uuid.UUID, Channel] = {}
         self.events: dict[uuid.UUID, _StoredEvent] = {}
         self.deliveries: dict[uuid.UUID, _StoredDelivery] = {}
@@ -114,6 +116,11 @@ class MemoryApiStore(ApiStore):
 
     async def ping(self, timeout_seconds: float) -> None:
         await self._call()
+
+    async def schema_state(self, timeout_seconds: float | None = None) -> SchemaState:
+        """Always the schema this code knows, unless ``schema`` was set."""
+        await self._call()
+        return self.schema
 
     async def metrics_snapshot(self) -> MetricsSnapshot:
         await self._call()

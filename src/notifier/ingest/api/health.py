@@ -10,8 +10,9 @@ from quart import Blueprint, Response
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import json_response
 from notifier.ingest.readiness import CHECK_SECONDS, Check, run_checks
-from notifier.ingest.views import Health, Readiness
+from notifier.ingest.views import Health, Readiness, SchemaReport
 from notifier.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from notifier.store.versions import SchemaNotCurrent, SchemaState
 
 routes = Blueprint("health", __name__)
 
@@ -23,16 +24,34 @@ async def healthz() -> Response:
 
 @routes.get("/readyz")
 async def readyz() -> Response:
-    """Postgres and RabbitMQ checked at once; an answer within about a second whatever
-    they do (a stalled dependency is unavailable, not a probe that never returns)."""
+    """Postgres, its schema version and RabbitMQ checked at once; an answer within about a
+    second whatever they do (a stalled dependency is unavailable, not a probe that never
+    returns). A schema missing or older than this code's is not ready; a newer one is (a
+    newer release migrated it: migrations only add), and ``schema`` says so."""
     ctx = api_context()
-    probes: dict[str, Check] = {"database": functools.partial(ctx.store.ping, CHECK_SECONDS)}
+    found: list[SchemaState] = []
+
+    async def check_schema() -> None:
+        state = await ctx.store.schema_state(CHECK_SECONDS)
+        found.append(state)
+        if state.status in ("missing", "behind"):
+            raise SchemaNotCurrent(state.describe())
+
+    probes: dict[str, Check] = {
+        "database": functools.partial(ctx.store.ping, CHECK_SECONDS),
+        "schema": check_schema,
+    }
     if ctx.check_broker is not None:
         probes["broker"] = ctx.check_broker
     checks = await run_checks(probes)
     ready = all(v == "ok" for v in checks.values())
-    return json_response(Readiness(status="ready" if ready else "unavailable", checks=checks),
-                         200 if ready else 503)  # fmt: skip
+    schema = (
+        SchemaReport(status=found[0].status, version=found[0].version, expected=found[0].latest)
+        if found
+        else None
+    )
+    body = Readiness(status="ready" if ready else "unavailable", checks=checks, schema=schema)
+    return json_response(body, 200 if ready else 503)
 
 
 @routes.get("/openapi.json")

@@ -1,0 +1,305 @@
+-- 0001: the schema of the first releases, as `notifier migrate` applied it before schema
+-- versions were recorded. Every statement is idempotent, so applying it to a database that
+-- already has these tables (one migrated by an earlier release) changes nothing: `migrate`
+-- then only records it as applied.
+
+CREATE TABLE IF NOT EXISTS tenants (
+    id            uuid PRIMARY KEY,
+    name          text NOT NULL UNIQUE,
+    api_key_hash  text NOT NULL UNIQUE,          -- hex SHA-256 of the API key; the key is shown once
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS channels (
+    id            uuid PRIMARY KEY,
+    tenant_id     uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    type          text NOT NULL,
+    name          text NOT NULL DEFAULT '',
+    config        jsonb NOT NULL,
+    recipient     text NULL,
+    event_types   text[] NOT NULL DEFAULT ARRAY['*'],
+    enabled       boolean NOT NULL DEFAULT true,
+    max_attempts  integer NULL CHECK (max_attempts IS NULL OR max_attempts >= 1),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now()
+);
+-- Why and when a channel was disabled (by notifier, e.g. its receiver answered 410, or by a
+-- PATCH); cleared when it is enabled again.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_reason text NULL;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS disabled_at timestamptz NULL;
+-- Channel health, kept by the workers: failed attempts since the last success, when that run of
+-- failures began, and the last success. A channel failing without a success for
+-- [channel_health] disable_after_failing_seconds is disabled automatically.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS consecutive_failures integer NOT NULL DEFAULT 0;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS failing_since timestamptz NULL;
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS last_success_at timestamptz NULL;
+-- At most this many deliveries per second to the channel, across every worker process (a
+-- shared bucket in rate_buckets, `channel:<id>`); NULL = no limit. At least one an hour
+-- (1/3600 per second, notifier.config.MIN_RATE_PER_SECOND): a bucket's period is 1/rate.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS rate_limit_per_second double precision NULL
+    CONSTRAINT channels_rate_limit_per_second_check
+    CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+-- The first check took any rate above 0: raise a lower one to the minimum (such a channel's
+-- bucket could not be written: its period was past any timestamp), then replace the check, once.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'channels_rate_limit_per_second_check'
+          AND pg_get_constraintdef(oid) LIKE '%3600%'
+    ) THEN
+        UPDATE channels SET rate_limit_per_second = 1.0 / 3600
+        WHERE rate_limit_per_second < 1.0 / 3600;
+        ALTER TABLE channels DROP CONSTRAINT IF EXISTS channels_rate_limit_per_second_check;
+        ALTER TABLE channels ADD CONSTRAINT channels_rate_limit_per_second_check
+            CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second >= 1.0 / 3600);
+    END IF;
+END;
+$$;
+-- Fan-out reads the enabled channels of one tenant.
+CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
+CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id               uuid PRIMARY KEY,
+    tenant_id        uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    type             text NOT NULL,
+    recipient        text NULL,
+    payload          jsonb NOT NULL,
+    idempotency_key  text NULL,
+    request_hash     text NULL,                  -- hash of the request body, to tell a replay from a conflict
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant_id, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS events_created_idx ON events (created_at);
+
+CREATE TABLE IF NOT EXISTS deliveries (
+    id               uuid PRIMARY KEY,
+    event_id         uuid NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+    channel_id       uuid NOT NULL,              -- no FK: deleting a channel keeps its delivery history
+    tenant_id        uuid NOT NULL,
+    channel_type     text NOT NULL,
+    status           text NOT NULL DEFAULT 'PENDING'
+                     CHECK (status IN ('PENDING', 'RETRYING', 'DELIVERED', 'DEAD')),
+    attempt          integer NOT NULL DEFAULT 0,  -- attempts made so far
+    max_attempts     integer NOT NULL,
+    last_error       text NULL,
+    next_attempt_at  timestamptz NULL,
+    delivered_at     timestamptz NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS deliveries_event_idx ON deliveries (event_id);
+CREATE INDEX IF NOT EXISTS deliveries_list_idx ON deliveries (tenant_id, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS deliveries_channel_idx ON deliveries (channel_id, created_at DESC, id DESC);
+-- Deliveries that are not finished yet: what an operator (and the reconciler) looks for.
+CREATE INDEX IF NOT EXISTS deliveries_open_idx ON deliveries (updated_at)
+    WHERE status IN ('PENDING', 'RETRYING');
+-- Dead deliveries in age order, per tenant: what `GET /v1/deliveries?status=DEAD` and a replay
+-- look for, without reading through every delivered one.
+CREATE INDEX IF NOT EXISTS deliveries_dead_idx ON deliveries (tenant_id, created_at, id)
+    WHERE status = 'DEAD';
+
+CREATE TABLE IF NOT EXISTS delivery_attempts (
+    id                bigserial PRIMARY KEY,
+    delivery_id       uuid NOT NULL REFERENCES deliveries (id) ON DELETE CASCADE,
+    attempt           integer NOT NULL,
+    started_at        timestamptz NOT NULL,
+    duration_ms       integer NOT NULL,
+    outcome           text NOT NULL
+                      CONSTRAINT delivery_attempts_outcome_check
+                      CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic',
+                                         'replayed')),
+    status_code       integer NULL,
+    error             text NULL,
+    response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
+);
+CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
+-- 'replayed' (an operator enqueued a finished delivery again) came after the first schema: widen
+-- an older check once, without rescanning the table on every migrate.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'delivery_attempts_outcome_check'
+          AND pg_get_constraintdef(oid) LIKE '%replayed%'
+    ) THEN
+        ALTER TABLE delivery_attempts DROP CONSTRAINT IF EXISTS delivery_attempts_outcome_check;
+        ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
+            CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed'))
+            NOT VALID;
+    END IF;
+END;
+$$;
+
+-- The transactional outbox. A row is written in the same transaction as its delivery and deleted
+-- by the relay only after RabbitMQ confirmed the publish. `publish_failures` counts publishes the
+-- broker refused (returned as unroutable, or nacked); such a row waits until `available_at`
+-- before the relay tries it again, so one bad row never hot-loops the relay.
+CREATE TABLE IF NOT EXISTS outbox (
+    id                bigserial PRIMARY KEY,
+    delivery_id       uuid NOT NULL,
+    routing_key       text NOT NULL,
+    body              bytea NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    publish_failures  integer NOT NULL DEFAULT 0,
+    available_at      timestamptz NOT NULL DEFAULT now(),
+    last_error        text NULL
+);
+-- The claim's hot path: fresh rows in id order. Partial, so it holds only rows never refused.
+CREATE INDEX IF NOT EXISTS outbox_fresh_idx ON outbox (id) WHERE publish_failures = 0;
+-- Rows the broker refused, by when they may be tried again.
+CREATE INDEX IF NOT EXISTS outbox_backoff_idx ON outbox (available_at) WHERE publish_failures > 0;
+
+-- The relay's doorbell: one NOTIFY per inserting statement (not per row). It only wakes the
+-- relay; the outbox table stays the data path, and the relay also polls.
+CREATE OR REPLACE FUNCTION notifier_outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('notifier_outbox', '');
+    RETURN NULL;
+END;
+$$;
+
+DROP TRIGGER IF EXISTS outbox_notify ON outbox;
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION notifier_outbox_notify();
+
+-- The worker message (notifier/messages.WorkerMessage, the one Python type for it) of delivery
+-- `d` of event `e`, for attempt `attempt`, with the channel config `config`: the body of every
+-- outbox row (ingest's fan-out, a replay, the reconciler). Its keys are the type's fields, no
+-- more and no fewer; tests/integration/test_schema_functions.py holds the two to that.
+CREATE OR REPLACE FUNCTION notifier_worker_message(
+    d deliveries, e events, config jsonb, attempt integer
+) RETURNS bytea
+LANGUAGE sql STABLE AS $$
+    SELECT convert_to(jsonb_build_object(
+        'delivery_id', d.id, 'event_id', e.id, 'tenant_id', d.tenant_id,
+        'channel_id', d.channel_id, 'channel_type', d.channel_type, 'channel_config', config,
+        'event_type', e.type, 'recipient', e.recipient, 'payload', e.payload,
+        'created_at', e.created_at, 'attempt', attempt, 'max_attempts', d.max_attempts)::text,
+        'UTF8')
+$$;
+
+-- Whether an event of type `event_type` matches `pattern` (one of a channel's `event_types`, or
+-- a replay's filter): `*` matches every type, `prefix.*` every type that starts with `prefix.`
+-- (not `prefix` itself), anything else only the same type. notifier.testing.pattern_matches
+-- states the rule in Python for the in-memory fakes; a test holds the two to the same cases.
+CREATE OR REPLACE FUNCTION notifier_type_matches(pattern text, event_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pattern = '*' OR pattern = event_type
+        OR (right(pattern, 2) = '.*' AND starts_with(event_type, left(pattern, -1)))
+$$;
+
+-- The state of a delivery's channel as the workers and a replay see it: 'enabled', 'disabled',
+-- or 'deleted' (`c` is the all-NULL row of an outer join that found no channel).
+CREATE OR REPLACE FUNCTION notifier_channel_state(c channels) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN c.id IS NULL THEN 'deleted' WHEN c.enabled THEN 'enabled' ELSE 'disabled' END
+$$;
+
+-- Rate limits shared by every process (notifier/ratelimit.py, docs/architecture.md §5): one row
+-- per bucket, named by `key` (`telegram:<bot>:chat:<chat>`, `channel:<id>`, `ingest:<tenant>`).
+-- Times are seconds since the epoch on Postgres's clock, so the processes' clocks do not matter.
+-- A "window" bucket keeps in `spent` when each of its tokens still out was spent (each comes back
+-- `period` seconds later); a "refilling" bucket keeps its theoretical arrival time `tat` (GCRA).
+-- `full_at`: from then on the bucket is the same as a new one, and maintenance deletes it.
+-- UNLOGGED: buckets are soft state written on every limited delivery, and sparing them the WAL
+-- is worth it; a crash (or a failover) empties the table, which lets one burst more through.
+-- No index but the key, so every write of a bucket is a HOT update.
+CREATE UNLOGGED TABLE IF NOT EXISTS rate_buckets (
+    key      text PRIMARY KEY,
+    spent    double precision[] NOT NULL DEFAULT '{}',
+    tat      double precision NULL,
+    full_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Lock the buckets `keys` (distinct), creating the missing ones new; then the time `at`, or
+-- Postgres's clock now (read once the locks are held). One statement takes every lock in key
+-- order, an existing row's and a new one's alike, so concurrent takes cannot deadlock on them
+-- (locking the existing rows first and inserting the missing ones after could: a transaction
+-- would hold `b` while inserting `a`, and another that inserted `a` wait for `b`). The no-op
+-- update is what locks an existing row; it writes a row version each time, a HOT update of an
+-- UNLOGGED table.
+CREATE OR REPLACE FUNCTION notifier_rate_lock(keys text[], at double precision)
+RETURNS double precision
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(keys) <> (SELECT count(DISTINCT k) FROM unnest(keys) k) THEN
+        RAISE EXCEPTION 'rate buckets %: a key given twice', keys;
+    END IF;
+    INSERT INTO rate_buckets AS b (key)
+    SELECT k FROM unnest(keys) k ORDER BY k
+    ON CONFLICT (key) DO UPDATE SET full_at = b.full_at;
+    RETURN coalesce(at, extract(epoch FROM clock_timestamp())::double precision);
+END;
+$$;
+
+-- Take one token of each window bucket `keys[i]` (distinct keys; `tokens[i]` tokens, each back
+-- `periods[i]` seconds after it was spent), all or none: 0 when taken, else the seconds until
+-- every one of them has a token (nothing taken). notifier.ratelimit.TokenBucket states the same
+-- rule in Python; tests/integration/test_rate_buckets.py holds the two to the same cases. `at`
+-- (tests only) replaces Postgres's clock.
+CREATE OR REPLACE FUNCTION notifier_rate_take(
+    keys text[], tokens integer[], periods double precision[], at double precision DEFAULT NULL
+) RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := notifier_rate_lock(keys, at);
+    wait double precision;
+BEGIN
+    SELECT coalesce(max(CASE WHEN cardinality(s.kept) < s.tokens THEN 0
+                             ELSE greatest(0, s.kept[cardinality(s.kept) - s.tokens + 1]
+                                              + s.period - now_s) END), 0)
+    INTO wait
+    FROM (
+        SELECT i.tokens, i.period,
+               ARRAY(SELECT t FROM unnest(b.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
+                   AS kept
+        FROM unnest(keys, tokens, periods) AS i(key, tokens, period)
+        JOIN rate_buckets b ON b.key = i.key
+    ) s;
+    IF wait > 0 THEN
+        RETURN wait;
+    END IF;
+    UPDATE rate_buckets b SET
+        spent = s.kept[greatest(1, cardinality(s.kept) + 2 - s.tokens):] || now_s,
+        full_at = to_timestamp(least(now_s + s.period, 1e11))  -- 5138 at most: see below
+    FROM (
+        SELECT i.key, i.tokens, i.period,
+               ARRAY(SELECT t FROM unnest(b2.spent) t WHERE t + i.period > now_s + 1e-9 ORDER BY t)
+                   AS kept
+        FROM unnest(keys, tokens, periods) AS i(key, tokens, period)
+        JOIN rate_buckets b2 ON b2.key = i.key
+    ) s
+    WHERE b.key = s.key;
+    RETURN 0;
+END;
+$$;
+
+-- Take `n` tokens of the refilling bucket `bucket` (`capacity` tokens, `rate` back per second;
+-- a GCRA: the bucket keeps the time `tat` it will be full again): 0 when taken, else the seconds
+-- until there are `n` (nothing taken). notifier.ratelimit.RefillingBucket states the same rule
+-- in Python. `at` (tests only) replaces Postgres's clock.
+CREATE OR REPLACE FUNCTION notifier_rate_admit(
+    bucket text, capacity integer, rate double precision, n integer,
+    at double precision DEFAULT NULL
+) RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_s double precision := notifier_rate_lock(ARRAY[bucket], at);
+    next_tat double precision;
+    wait double precision;
+BEGIN
+    SELECT greatest(coalesce(b.tat, now_s), now_s) + n / rate INTO next_tat
+    FROM rate_buckets b WHERE b.key = bucket;
+    wait := next_tat - now_s - capacity / rate;
+    IF wait > 1e-9 / rate THEN
+        RETURN wait;
+    END IF;
+    -- least(): a rate allowed once may be lower than today's minimum (full_at stops in 5138).
+    UPDATE rate_buckets SET tat = next_tat, full_at = to_timestamp(least(next_tat, 1e11))
+    WHERE key = bucket;
+    RETURN 0;
+END;
+$$;
