@@ -72,7 +72,7 @@ async def browser() -> Browser:
 
 
 async def test_a_signed_out_browser_is_sent_to_sign_in(browser: Browser) -> None:
-    for path in ("/console/",):
+    for path in ("/console/", "/console/deliveries", f"/console/events/{uuid.uuid4()}"):
         status, _, headers = await browser.get(path)
         assert (status, headers["Location"]) == (303, "/console/sign-in"), path
 
@@ -173,3 +173,153 @@ async def test_every_answer_carries_the_security_headers(browser: Browser) -> No
         assert "frame-ancestors 'none'" in csp
         assert headers["X-Frame-Options"] == "DENY"
         assert headers["Referrer-Policy"] == "no-referrer"
+
+
+# -- deliveries and events ----------------------------------------------------------------------
+
+
+async def api(browser: Browser, path: str, body: dict[str, Any], key: str = "a") -> Any:
+    resp = await browser.client.post(
+        path, json=body, headers={"Authorization": f"Bearer key-{key}"}
+    )
+    assert resp.status_code in (201, 202), await resp.get_data()
+    return await resp.get_json()
+
+
+async def channel(browser: Browser, key: str = "a", name: str = "hook") -> str:
+    body = {"type": "webhook", "name": name, "config": {"url": "https://hooks.example.com/in"}}
+    created = await api(browser, "/v1/channels", body, key)
+    return str(created["id"])
+
+
+async def event(browser: Browser, type_: str, payload: dict[str, Any], key: str = "a") -> str:
+    """An event of ``type_``; the id of its one delivery."""
+    created = await api(browser, "/v1/events", {"type": type_, "payload": payload}, key)
+    [delivery] = created["deliveries"]
+    return str(delivery["id"])
+
+
+def rows(body: str) -> list[str]:
+    """The delivery ids of a list page, in order."""
+    return re.findall(r'href="/console/deliveries/([0-9a-f-]{36})" class="delivery-link"', body)
+
+
+async def test_deliveries_are_listed_newest_first_and_filtered(browser: Browser) -> None:
+    await channel(browser)
+    first = await event(browser, "order.created", {"n": 1})
+    second = await event(browser, "user.signed_up", {"n": 2})
+    third = await event(browser, "order.paid", {"n": 3})
+    browser.store.settle(uuid.UUID(first), "DEAD", error="HTTP 500")
+    browser.store.settle(uuid.UUID(third), "DELIVERED")
+    await browser.sign_in()
+
+    _, body, _ = await browser.get("/console/deliveries")
+    assert rows(body) == [third, second, first]
+    assert rows((await browser.get("/console/deliveries?status=DEAD"))[1]) == [first]
+    assert rows((await browser.get("/console/deliveries?type=order.*"))[1]) == [third, first]
+    assert rows((await browser.get("/console/deliveries?type=user.signed_up"))[1]) == [second]
+    assert rows((await browser.get("/console/deliveries?since=2999-01-01T00:00"))[1]) == []
+    assert rows((await browser.get("/console/deliveries?until=2000-01-01T00:00"))[1]) == []
+    other = str(uuid.uuid4())
+    assert rows((await browser.get(f"/console/deliveries?channel={other}"))[1]) == []
+    assert (await browser.get("/console/deliveries?status=LOST"))[0] == 400
+    assert (await browser.get("/console/deliveries?since=yesterday"))[0] == 400
+    assert (await browser.get("/console/deliveries?before=nonsense"))[0] == 400
+
+
+async def test_deliveries_are_paginated(browser: Browser) -> None:
+    await channel(browser)
+    made = [await event(browser, "order.created", {"n": n}) for n in range(53)]
+    await browser.sign_in()
+    _, body, _ = await browser.get("/console/deliveries")
+    assert rows(body) == made[::-1][:50]
+    found = re.search(r'href="([^"]+)" id="next-page"', body)
+    assert found
+    _, body, _ = await browser.get(found.group(1).replace("&amp;", "&"))
+    assert rows(body) == made[::-1][50:]
+    assert 'id="next-page"' not in body
+
+
+async def test_a_delivery_page_shows_its_payload_as_text_and_its_attempts(
+    browser: Browser,
+) -> None:
+    await channel(browser)
+    delivery = await event(browser, "order.created", {"note": "<script>alert(1)</script>"})
+    browser.store.settle(uuid.UUID(delivery), "DEAD", error="HTTP 500 <b>bad</b>")
+    await browser.sign_in()
+    status, body, _ = await browser.get(f"/console/deliveries/{delivery}")
+    assert status == 200
+    assert "<script>alert" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "HTTP 500 &lt;b&gt;bad&lt;/b&gt;" in body  # the attempt's error, escaped
+    assert 'id="replay"' in body
+
+
+async def test_another_tenants_deliveries_and_events_answer_404(browser: Browser) -> None:
+    await channel(browser, key="b")
+    delivery = await event(browser, "order.created", {"n": 1}, key="b")
+    event_id = browser.store.deliveries[uuid.UUID(delivery)].delivery.event_id
+    browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in("key-a")
+    assert rows((await browser.get("/console/deliveries"))[1]) == []
+    assert (await browser.get(f"/console/deliveries/{delivery}"))[0] == 404
+    assert (await browser.get(f"/console/events/{event_id}"))[0] == 404
+    status, _, _ = await browser.post(
+        f"/console/deliveries/{delivery}/replay", {}, page="/console/deliveries"
+    )
+    assert status == 404
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "DEAD"
+
+
+async def test_a_dead_delivery_is_replayed_and_only_with_the_token(browser: Browser) -> None:
+    await channel(browser)
+    delivery = await event(browser, "order.created", {"n": 1})
+    browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in()
+    path = f"/console/deliveries/{delivery}"
+    assert (await browser.post(f"{path}/replay", {}, csrf=None))[0] == 403
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "DEAD"
+    status, _, headers = await browser.post(f"{path}/replay", {}, page=path)
+    assert (status, headers["Location"]) == (303, f"{path}?notice=replayed")
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "PENDING"
+    _, body, _ = await browser.get(f"{path}?notice=replayed")
+    assert "queued again" in body
+    assert 'http-equiv="refresh"' in body  # followed until it is finished
+    status, body, _ = await browser.post(f"{path}/replay", {}, page=path)
+    assert status == 409  # PENDING: nothing to replay
+    assert "cannot be replayed" in body
+
+
+async def test_a_bulk_replay_says_how_many_then_queues_them(browser: Browser) -> None:
+    await channel(browser)
+    dead = [await event(browser, "order.created", {"n": n}) for n in range(3)]
+    other = await event(browser, "user.signed_up", {"n": 9})
+    for delivery in [*dead, other]:
+        browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in()
+    _, body, _ = await browser.get("/console/deliveries?status=DEAD&type=order.*")
+    assert 'id="bulk-replay"' in body
+    confirm = "/console/deliveries/replay?status=DEAD&type=order.*"
+    _, body, _ = await browser.get(confirm)
+    assert "<strong>3</strong> deliveries will be queued again" in body
+    assert all(browser.store.deliveries[uuid.UUID(d)].delivery.status == "DEAD" for d in dead)
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', body))
+    del fields["csrf"]
+    assert (await browser.post("/console/deliveries/replay", fields, csrf=None))[0] == 403
+    status, body, _ = await browser.post("/console/deliveries/replay", fields, page=confirm)
+    assert status == 200, body
+    assert "3 deliveries were queued again" in body
+    assert all(browser.store.deliveries[uuid.UUID(d)].delivery.status == "PENDING" for d in dead)
+    assert browser.store.deliveries[uuid.UUID(other)].delivery.status == "DEAD"
+
+
+async def test_an_event_page_shows_its_payload_and_deliveries(browser: Browser) -> None:
+    await channel(browser, name="one")
+    await channel(browser, name="two")
+    created = await api(browser, "/v1/events", {"type": "t", "payload": {"x": "<i>hi</i>"}})
+    await browser.sign_in()
+    status, body, _ = await browser.get(f"/console/events/{created['id']}")
+    assert status == 200
+    assert "&lt;i&gt;hi&lt;/i&gt;" in body
+    for d in created["deliveries"]:
+        assert f"/console/deliveries/{d['id']}" in body
