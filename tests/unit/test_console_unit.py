@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from quart import typing as quart_typing
 
+from notifier.adapters.specs import build_validators
 from notifier.config import parse_config
 from notifier.console.session import Sessions, SignInThrottle, new_session
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
-from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -63,8 +63,11 @@ class Browser:
 async def browser() -> Browser:
     store = MemoryApiStore()
     tenants = {n: await store.create_tenant(n, hash_api_key(f"key-{n}")) for n in ("a", "b")}
-    config = parse_config({"workers": {"webhook": {}}}, env={})
-    app = create_app(store, config, {"webhook": RecordingAdapter("webhook")})
+    # The webhook validator as served (secrets made and rotated), checking no address: the
+    # hooks' host resolves nowhere here.
+    config = parse_config({"workers": {"webhook": {"allow_private_networks": True}}}, env={})
+    validator = build_validators(config)["webhook"]
+    app = create_app(store, config, {"webhook": validator})
     return Browser(store, app.test_client(), tenants)
 
 
@@ -323,3 +326,72 @@ async def test_an_event_page_shows_its_payload_and_deliveries(browser: Browser) 
     assert "&lt;i&gt;hi&lt;/i&gt;" in body
     for d in created["deliveries"]:
         assert f"/console/deliveries/{d['id']}" in body
+
+
+# -- channels -----------------------------------------------------------------------------------
+
+
+async def test_channels_are_listed_with_their_health_and_no_secret(browser: Browser) -> None:
+    channel_id = await channel(browser, name="<em>hook</em>")
+    await channel(browser, key="b", name="not-mine")
+    secret = browser.store.channels[uuid.UUID(channel_id)].config["secret"]
+    await browser.sign_in()
+    status, body, _ = await browser.get("/console/channels")
+    assert status == 200
+    assert channel_id in body
+    assert "&lt;em&gt;hook&lt;/em&gt;" in body
+    assert "not-mine" not in body
+    assert secret not in body
+
+
+async def test_a_channel_is_disabled_and_enabled(browser: Browser) -> None:
+    channel_id = await channel(browser)
+    await browser.sign_in()
+    path = f"/console/channels/{channel_id}"
+    assert (await browser.post(f"{path}/disable", {}, csrf=None))[0] == 403
+    assert browser.store.channels[uuid.UUID(channel_id)].enabled
+    status, _, _ = await browser.post(f"{path}/disable", {}, page="/console/channels")
+    assert status == 303
+    assert not browser.store.channels[uuid.UUID(channel_id)].enabled
+    assert "disabled" in (await browser.get("/console/channels"))[1]
+    await browser.post(f"{path}/enable", {}, page="/console/channels")
+    assert browser.store.channels[uuid.UUID(channel_id)].enabled
+    other = await channel(browser, key="b")
+    status, _, _ = await browser.post(
+        f"/console/channels/{other}/disable", {}, page="/console/channels"
+    )
+    assert status == 404
+    assert browser.store.channels[uuid.UUID(other)].enabled
+
+
+async def test_a_rotated_secret_is_shown_once_and_signs_from_then_on(browser: Browser) -> None:
+    channel_id = await channel(browser)
+    before = browser.store.channels[uuid.UUID(channel_id)].config["secret"]
+    await browser.sign_in()
+    path = f"/console/channels/{channel_id}/rotate-secret"
+    assert (await browser.post(path, {}, csrf=None))[0] == 403
+    status, body, _ = await browser.post(path, {}, page="/console/channels")
+    assert status == 200
+    shown = re.search(r'id="new-secret">(whsec_[^<]+)<', body)
+    assert shown
+    stored = browser.store.channels[uuid.UUID(channel_id)].config
+    assert stored["secret"] == shown.group(1) != before
+    assert shown.group(1) not in (await browser.get("/console/channels"))[1]
+
+
+async def test_a_test_event_goes_to_the_one_channel_and_is_followed(browser: Browser) -> None:
+    channel_id = await channel(browser, name="one")
+    await channel(browser, name="two")
+    await browser.sign_in()
+    status, _, headers = await browser.post(
+        f"/console/channels/{channel_id}/test", {}, page="/console/channels"
+    )
+    assert status == 303
+    found = re.fullmatch(r"/console/deliveries/([0-9a-f-]{36})\?notice=test", headers["Location"])
+    assert found
+    delivery = browser.store.deliveries[uuid.UUID(found.group(1))].delivery
+    assert str(delivery.channel_id) == channel_id
+    assert len(browser.store.deliveries) == 1  # the other channel got nothing
+    _, body, _ = await browser.get(headers["Location"])
+    assert "A test event was sent" in body
+    assert 'http-equiv="refresh"' in body

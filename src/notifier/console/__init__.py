@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from quart import Quart
 
 from notifier.config import Config
-from notifier.console import auth, deliveries, overview  # noqa: F401  (their routes join the blueprint)
+from notifier.console import auth, channels, deliveries, overview  # noqa: F401  (their routes join the blueprint)
 from notifier.console.session import Sessions, SignInThrottle, session_secret
 from notifier.console.web import ConsoleContext, install_context, routes
 
