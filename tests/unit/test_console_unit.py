@@ -8,16 +8,21 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from quart import typing as quart_typing
 
 from notifier.adapters.specs import build_validators
 from notifier.config import parse_config
+from notifier.console.chart import line_chart, nice_max
+from notifier.console.overview import recent
 from notifier.console.session import Sessions, SignInThrottle, new_session
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
+from notifier.store.rows import Delivery
 from notifier.testing.api import MemoryApiStore
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -395,3 +400,73 @@ async def test_a_test_event_goes_to_the_one_channel_and_is_followed(browser: Bro
     _, body, _ = await browser.get(headers["Location"])
     assert "A test event was sent" in body
     assert 'http-equiv="refresh"' in body
+
+
+# -- overview -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "top"),
+    [(0, 1), (1, 1), (2, 2), (3, 5), (5, 5), (6, 10), (11, 20), (999, 1000), (1001, 2000)],
+)
+def test_the_charts_top_is_a_round_number_above_every_value(value: int, top: int) -> None:
+    assert nice_max(value) == top
+
+
+def test_the_chart_draws_each_series_across_the_plot() -> None:
+    chart = line_chart([0, 5, 10], [10, 0, 0], ["a", "b", "c"])
+    assert chart.y_max == 10
+    first, _, last = chart.delivered.split()
+    assert first == f"40.0,{chart.baseline:.1f}"  # 0 at the left, on the baseline
+    assert last == f"{chart.width - 10:.1f},10.0"  # the top at the right
+    assert chart.failed.split()[0] == "40.0,10.0"
+
+
+def test_recent_counts_deliveries_by_status_per_hour_and_day() -> None:
+    now = datetime(2026, 1, 2, 12, 30, tzinfo=UTC)
+
+    def made(status: str, minutes_ago: int) -> Delivery:
+        at = now - timedelta(minutes=minutes_ago)
+        return Delivery(
+            id=uuid.uuid4(), event_id=uuid.uuid4(), channel_id=uuid.uuid4(), channel_type="w",
+            status=status, attempt=1, max_attempts=1, last_error=None, next_attempt_at=None,
+            delivered_at=None, created_at=at,
+        )  # fmt: skip
+
+    got = recent(
+        [made("DELIVERED", 5), made("DEAD", 30), made("DELIVERED", 120), made("DEAD", 2000)],
+        now, complete=True,
+    )  # fmt: skip
+    assert got.hour == {"DELIVERED": 1, "DEAD": 1}
+    assert got.day == {"DELIVERED": 2, "DEAD": 1}  # the one of 33 h ago is left out
+    assert got.delivered[-1] == 1  # this hour
+    assert got.delivered[-3] == 1  # two hours ago
+    assert got.failed[-1] == 1
+    assert got.labels[-1] == "12:00"
+
+
+async def test_the_overview_counts_the_tenants_deliveries_and_failing_channels(
+    browser: Browser,
+) -> None:
+    channel_id = uuid.UUID(await channel(browser, name="flaky"))
+    dead = [await event(browser, "t", {"n": n}) for n in range(2)]
+    await event(browser, "t", {"n": 3})
+    for delivery in dead:
+        browser.store.settle(uuid.UUID(delivery), "DEAD", error="HTTP 503 <i>down</i>")
+    await channel(browser, key="b")
+    browser.store.settle(uuid.UUID(await event(browser, "t", {}, key="b")), "DEAD")
+    stored = browser.store.channels[channel_id]
+    browser.store.channels[channel_id] = msgspec.structs.replace(
+        stored, failing_since=datetime.now(UTC), consecutive_failures=2
+    )
+    await browser.sign_in()
+    status, body, _ = await browser.get("/console/")
+    assert status == 200
+    dead_count = re.search(r'id="dead-count"><a [^>]*>(\d+)<', body)
+    assert dead_count
+    assert dead_count.group(1) == "2"  # not tenant b's
+    assert '<svg class="chart"' in body
+    failing = body[body.index('id="failing"') :]
+    assert "flaky" in failing
+    assert "HTTP 503 &lt;i&gt;down&lt;/i&gt;" in failing
+    assert "Not read by this process" in body  # no broker here
