@@ -110,6 +110,10 @@ async def test_the_session_cookie_is_http_only_strict_and_never_holds_the_key(
     assert "Secure" not in cookie  # served over plain HTTP here
     assert "key-a" not in cookie
     assert "key-a" not in resp.headers.get("Location", "")
+    data = {"api_key": "key-a", "csrf": await browser.csrf()}
+    behind_tls = {"X-Forwarded-Proto": "https"}  # a proxy terminating TLS in front
+    resp = await browser.client.post("/console/sign-in", form=data, headers=behind_tls)
+    assert "Secure" in resp.headers["Set-Cookie"]
 
 
 async def test_a_wrong_key_is_refused_and_shown_nowhere(browser: Browser) -> None:
@@ -181,6 +185,7 @@ async def test_every_answer_carries_the_security_headers(browser: Browser) -> No
         assert "frame-ancestors 'none'" in csp
         assert headers["X-Frame-Options"] == "DENY"
         assert headers["Referrer-Policy"] == "no-referrer"
+        assert headers["Content-Type"].startswith("text/html")
 
 
 # -- deliveries and events ----------------------------------------------------------------------

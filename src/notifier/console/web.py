@@ -13,6 +13,7 @@ from quart import Blueprint, Response, current_app, g, redirect, render_template
 from werkzeug.exceptions import HTTPException
 
 from notifier.console.session import COOKIE_NAME, Session, Sessions, SignInThrottle, new_session
+from notifier.errors import NotifierError
 from notifier.ingest.api.context import api_context
 
 _EXTENSION = "notifier.console"
@@ -43,7 +44,7 @@ class ConsoleContext:
     throttle: SignInThrottle
 
 
-class ConsoleError(Exception):
+class ConsoleError(NotifierError):
     """Answered with an HTML page saying ``message``, with ``status``."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -52,7 +53,7 @@ class ConsoleError(Exception):
         self.message = message
 
 
-class NotSignedIn(Exception):
+class NotSignedIn(NotifierError):
     """Answered with a redirect to the sign-in page."""
 
 
@@ -124,9 +125,16 @@ async def finish(response: Response) -> Response:
         ctx = console_context()
         response.set_cookie(
             COOKIE_NAME, ctx.sessions.dump(session), max_age=ctx.sessions.max_age_seconds,
-            path=PREFIX, httponly=True, samesite="Strict", secure=request.scheme == "https",
+            path=PREFIX, httponly=True, samesite="Strict", secure=over_tls(),
         )  # fmt: skip
     return response
+
+
+def over_tls() -> bool:
+    """Whether the browser reached the console over TLS: directly, or through a proxy that
+    terminates it and says so (``X-Forwarded-Proto``; it can only make the cookie stricter)."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.scheme == "https" or forwarded == "https"
 
 
 async def page(template: str, status: int = 200, **context: Any) -> Response:
@@ -150,3 +158,8 @@ async def on_http_error(exc: HTTPException) -> Response:
     return await page(
         "error.html", exc.code or 500, message=exc.description or exc.name, signed_in=False
     )
+
+
+@routes.route("/<path:unknown>", methods=["GET", "POST"])
+async def no_such_page(unknown: str) -> Response:
+    raise ConsoleError(404, "There is no such page.")
