@@ -5,6 +5,7 @@ Chromium."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -116,12 +117,19 @@ async def test_the_session_cookie_is_http_only_strict_and_never_holds_the_key(
     assert "Secure" in resp.headers["Set-Cookie"]
 
 
-async def test_a_wrong_key_is_refused_and_shown_nowhere(browser: Browser) -> None:
+async def test_a_wrong_key_is_refused_and_shown_nowhere(
+    browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     status, body, _ = await browser.post("/console/sign-in", {"api_key": "wrong-<b>key"})
     assert status == 401
     assert "not accepted" in body
     assert "wrong" not in body
+    assert "gave no valid API key" in caplog.text
+    assert "wrong" not in caplog.text
     assert (await browser.get("/console/"))[0] == 303
+    await browser.sign_in()
+    assert "key-a" not in caplog.text
 
 
 async def test_repeated_failed_sign_ins_from_one_address_are_slowed_down(

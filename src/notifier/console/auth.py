@@ -3,6 +3,7 @@ at once and only its hash is kept, in the signed session cookie; it is never log
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import cast
 
@@ -23,6 +24,8 @@ from notifier.ingest.tenants import hash_api_key
 
 MAX_KEY_CHARS = 512
 
+log = logging.getLogger("notifier.console")
+
 
 @routes.get("/sign-in")
 async def sign_in_form() -> Response:
@@ -35,6 +38,7 @@ async def sign_in() -> Response:
     throttle = console_context().throttle
     wait = throttle.wait_seconds(address, trio.current_time())
     if wait > 0:
+        log.warning("console: sign-in from %s refused: too many failed sign-ins", address)
         raise ConsoleError(
             429, f"Too many failed sign-ins from your address: try again in {math.ceil(wait)} s."
         )
@@ -45,6 +49,7 @@ async def sign_in() -> Response:
         tenant_id = await api_context().tenants.resolve_one(key_hash)
     if tenant_id is None:
         throttle.failed(address, trio.current_time())
+        log.info("console: a sign-in from %s gave no valid API key", address)  # never the key
         return await page("sign_in.html", 401, signed_in=False, failed=True)
     throttle.succeeded(address)
     start_session(new_session(key_hash))  # a new token: none seen before signing in stays valid
