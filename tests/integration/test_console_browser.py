@@ -10,6 +10,7 @@ Selenium's calls block: they run in a worker thread while notifier runs in this 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -32,10 +33,17 @@ from tests.integration.conftest import create_tenant, make_config, run_notifier,
 
 pytestmark = pytest.mark.slow
 
+# The screenshots go into docs/ (the README shows them) when UPDATE_SCREENSHOTS=1, else
+# next to the test's other files: a test run leaves the checkout as it was.
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 WAIT_SECONDS = 30.0  # for the browser's pages and the pipeline's delivery, on a busy machine
 PAYLOAD = {"order": 42, "note": "<script>document.title='owned'</script><b>bold</b>"}
 T = TypeVar("T")
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +95,7 @@ class Receiver:
 
 
 async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_delivered(
-    chrome: WebDriver, database_url: str, broker_url: str
+    chrome: WebDriver, database_url: str, broker_url: str, shots: Path
 ) -> None:
     config = make_config(database_url, broker_url, retry={"tiers_seconds": [1]})
     key = await create_tenant(database_url)
@@ -109,7 +117,7 @@ async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_deliv
                 await wait_status(database_url, dead, "DEAD")
 
         await run(sign_in, chrome, base, key)
-        await run(chrome.save_screenshot, str(DOCS / "console-overview.png"))
+        await run(chrome.save_screenshot, str(shots / "console-overview.png"))
 
         def find_dead() -> None:
             chrome.find_element(By.LINK_TEXT, "Deliveries").click()
@@ -119,7 +127,7 @@ async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_deliv
             wait_for(chrome, lambda c: "status=DEAD" in c.current_url)
             links = chrome.find_elements(By.CSS_SELECTOR, "#deliveries a.delivery-link")
             assert [a.get_attribute("href").rsplit("/", 1)[1] for a in links] == [dead]
-            chrome.save_screenshot(str(DOCS / "console-deliveries.png"))
+            chrome.save_screenshot(str(shots / "console-deliveries.png"))
             links[0].click()
             wait_for(chrome, lambda c: c.find_elements(By.ID, "payload"))
 
@@ -140,7 +148,7 @@ async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_deliv
             wait_for(chrome, lambda c: c.find_elements(By.ID, "notice"))
             # The page reloads itself until the delivery is finished.
             wait_for(chrome, lambda c: c.find_element(By.ID, "delivery-status").text == "DELIVERED")
-            chrome.save_screenshot(str(DOCS / "console-delivery.png"))
+            chrome.save_screenshot(str(shots / "console-delivery.png"))
 
         await run(replay_and_watch)
         rows = await run(lambda: chrome.find_element(By.ID, "attempts").text)
@@ -150,7 +158,7 @@ async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_deliv
         def rotate() -> str:
             chrome.find_element(By.LINK_TEXT, "Channels").click()
             wait_for(chrome, lambda c: c.find_elements(By.CSS_SELECTOR, "tr.channel-row"))
-            chrome.save_screenshot(str(DOCS / "console-channels.png"))
+            chrome.save_screenshot(str(shots / "console-channels.png"))
             chrome.find_element(By.CSS_SELECTOR, "button.rotate").click()
             return str(wait_for(chrome, lambda c: c.find_element(By.ID, "new-secret")).text)
 

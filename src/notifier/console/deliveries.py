@@ -103,7 +103,8 @@ async def deliveries() -> Response:
     )
     return await page(
         "deliveries.html", signed_in=True, page=found, fields=fields, statuses=DELIVERY_STATUSES,
-        channels=channels, next_url=next_url, bulk_url=bulk_url,
+        channels=channels, names={c.id: c.name for c in channels}, next_url=next_url,
+        bulk_url=bulk_url,
         first_url=f"{PREFIX}/deliveries?{urllib.parse.urlencode(fields)}" if before else None,
     )  # fmt: skip
 
