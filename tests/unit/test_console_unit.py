@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -245,6 +246,14 @@ async def test_deliveries_are_listed_newest_first_and_filtered(browser: Browser)
     assert rows((await browser.get(f"/console/deliveries?channel={other}"))[1]) == []
     assert (await browser.get("/console/deliveries?status=LOST"))[0] == 400
     assert (await browser.get("/console/deliveries?since=yesterday"))[0] == 400
+    assert (await browser.get("/console/deliveries?type=" + "x" * 256))[0] == 400
+    assert (await browser.get("/console/deliveries?channel=nope"))[0] == 400
+    for edge in ("0001-01-01T00:00", "9999-12-31T23:59:59", "2026-01-01T00:00+14:00"):
+        for name in ("since", "until"):
+            query = urllib.parse.urlencode({name: edge})
+            assert (await browser.get(f"/console/deliveries?{query}"))[0] == 200, edge
+    query = urllib.parse.urlencode({"since": "0001-01-01T00:00+14:00"})
+    assert (await browser.get(f"/console/deliveries?{query}"))[0] == 400
     assert (await browser.get("/console/deliveries?before=nonsense"))[0] == 400
 
 

@@ -37,9 +37,16 @@ def _time(args: MultiDict[str, str], name: str) -> datetime | None:
     if not text:
         return None
     try:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+        at = datetime.fromisoformat(text)
     except ValueError as exc:
         raise ConsoleError(400, f"{name}: not a time (YYYY-MM-DDTHH:MM in UTC)") from exc
+    # The form's inputs carry no offset: UTC, as the pages show times.
+    if at.tzinfo is None:
+        return at.replace(tzinfo=UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError as exc:  # 0001-01-01T00:00+14:00 is before the first UTC time
+        raise ConsoleError(400, f"{name}: out of range") from exc
 
 
 def read_filter(args: MultiDict[str, str]) -> DeliveryFilter:
