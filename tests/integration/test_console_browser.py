@@ -29,7 +29,14 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from notifier.adapters.webhook import generate_secret
 from notifier.testing import Received, open_sink
-from tests.integration.conftest import create_tenant, make_config, run_notifier, scalar, wait_status
+from tests.integration.conftest import (
+    create_tenant,
+    make_config,
+    run_notifier,
+    scalar,
+    verify,
+    wait_status,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -163,6 +170,15 @@ async def test_an_operator_finds_a_dead_delivery_replays_it_and_watches_it_deliv
             return str(wait_for(chrome, lambda c: c.find_element(By.ID, "new-secret")).text)
 
         secret = await run(rotate)
+
+        def send_test_and_follow() -> None:
+            chrome.find_element(By.LINK_TEXT, "Channels").click()
+            chrome.find_element(By.CSS_SELECTOR, "button.send-test").click()
+            wait_for(chrome, lambda c: "notice=test" in c.current_url)
+            wait_for(chrome, lambda c: c.find_element(By.ID, "delivery-status").text == "DELIVERED")
+
+        await run(send_test_and_follow)
+        assert verify(sink.received[-1], secret)["type"] == "notifier.test"  # the new secret signs
         assert re.fullmatch(r"whsec_[A-Za-z0-9+/=]+", secret)
         # The secret shown is the one now signing (the API never shows it again).
         assert await scalar(database_url, "SELECT config->>'secret' FROM channels") == secret
