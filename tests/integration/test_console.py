@@ -70,6 +70,12 @@ async def test_deliveries_are_filtered_and_replayed_in_bulk_on_postgres(
             page = await browser.get("/console/deliveries", params={"type": "order.*"})
             assert listed(page.text) == [ours[2], ours[0]]
             assert (await browser.get(f"/console/deliveries/{theirs}")).status_code == 404
+            overview = (await browser.get("/console/")).text
+            assert re.search(r'id="dead-count"><a [^>]*>3<', overview)  # not the other's
+            since = {"status": "DEAD", "since": "2000-01-01T00:00", "until": "2999-01-01T00:00"}
+            assert (
+                listed((await browser.get("/console/deliveries", params=since)).text) == ours[::-1]
+            )
 
             query = {"status": "DEAD", "type": "order.*"}
             confirm = await browser.get("/console/deliveries/replay", params=query)

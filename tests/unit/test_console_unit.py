@@ -10,7 +10,7 @@ import re
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -24,7 +24,7 @@ from notifier.console.overview import recent
 from notifier.console.session import Sessions, SignInThrottle, new_session
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
-from notifier.store.rows import Delivery
+from notifier.store.console import HourlyCount
 from notifier.testing.api import MemoryApiStore
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -444,27 +444,21 @@ def test_the_chart_draws_each_series_across_the_plot() -> None:
     assert chart.failed.split()[0] == "40.0,10.0"
 
 
-def test_recent_counts_deliveries_by_status_per_hour_and_day() -> None:
+def test_recent_sums_the_hourly_counts_for_the_hour_the_day_and_the_chart() -> None:
     now = datetime(2026, 1, 2, 12, 30, tzinfo=UTC)
-
-    def made(status: str, minutes_ago: int) -> Delivery:
-        at = now - timedelta(minutes=minutes_ago)
-        return Delivery(
-            id=uuid.uuid4(), event_id=uuid.uuid4(), channel_id=uuid.uuid4(), channel_type="w",
-            status=status, attempt=1, max_attempts=1, last_error=None, next_attempt_at=None,
-            delivered_at=None, created_at=at,
-        )  # fmt: skip
-
     got = recent(
-        [made("DELIVERED", 5), made("DEAD", 30), made("DELIVERED", 120), made("DEAD", 2000)],
-        now, complete=True,
+        [HourlyCount(0, "DELIVERED", 1), HourlyCount(0, "DEAD", 1),
+         HourlyCount(2, "DELIVERED", 4), HourlyCount(5, "RETRYING", 2),
+         HourlyCount(24, "DEAD", 9)],  # out of the day: left out
+        now,
     )  # fmt: skip
     assert got.hour == {"DELIVERED": 1, "DEAD": 1}
-    assert got.day == {"DELIVERED": 2, "DEAD": 1}  # the one of 33 h ago is left out
-    assert got.delivered[-1] == 1  # this hour
-    assert got.delivered[-3] == 1  # two hours ago
+    assert got.day == {"DELIVERED": 5, "DEAD": 1, "RETRYING": 2}
+    assert got.delivered[-1] == 1  # the last hour, at the right
+    assert got.delivered[-3] == 4  # two hours before
     assert got.failed[-1] == 1
-    assert got.labels[-1] == "12:00"
+    assert got.failed[-6] == 2  # RETRYING counts as failing
+    assert got.labels[-1] == "12:30"
 
 
 async def test_the_overview_counts_the_tenants_deliveries_and_failing_channels(

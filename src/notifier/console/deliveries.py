@@ -4,21 +4,22 @@ matches after a confirmation that says how many."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.parse
 import uuid
 from datetime import UTC, datetime
 from typing import cast
 
+import msgspec
 from quart import Response, redirect, request
 from werkzeug.datastructures import MultiDict
 
-from notifier.console.data import DeliveryFilter, count_replayable, find_deliveries, utc_now
+from notifier.console.data import find_deliveries, utc_now
 from notifier.console.web import PREFIX, ConsoleError, page, routes, signed_in_tenant
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError
 from notifier.ingest.api.pagination import decode_cursor, encode_cursor
+from notifier.store.console import DeliveryFilter
 from notifier.store.errors import NotFound, NotReplayable
 from notifier.store.rows import DELIVERY_STATUSES, TERMINAL_STATUSES
 
@@ -65,7 +66,7 @@ def read_filter(args: MultiDict[str, str]) -> DeliveryFilter:
         raise ConsoleError(400, f"type: at most {MAX_PATTERN_CHARS} characters")
     return DeliveryFilter(
         status=status, channel_id=channel_id, event_type=pattern,
-        since=_time(args, "since"), until=_time(args, "until"),
+        created_after=_time(args, "since"), created_before=_time(args, "until"),
     )  # fmt: skip
 
 
@@ -80,7 +81,7 @@ def filter_fields(flt: DeliveryFilter) -> dict[str, str]:
     fields = {
         "status": flt.status or "", "channel": str(flt.channel_id or ""),
         "type": flt.event_type or "",
-        "since": _text(flt.since), "until": _text(flt.until),
+        "since": _text(flt.created_after), "until": _text(flt.created_before),
     }  # fmt: skip
     return {k: v for k, v in fields.items() if v}
 
@@ -152,10 +153,11 @@ async def confirm_bulk_replay() -> Response:
     if flt.status not in TERMINAL_STATUSES:
         raise ConsoleError(400, "Filter by status DEAD or DELIVERED to replay in bulk.")
     # Fixed now: what is created after this confirmation is not replayed with it.
-    flt = dataclasses.replace(flt, until=flt.until or utc_now())
-    count, more = await count_replayable(api_context().store, tenant_id, flt, at_most=BULK_MAX)
+    flt = msgspec.structs.replace(flt, created_before=flt.created_before or utc_now())
+    count = await api_context().store.count_deliveries(tenant_id, flt, replayable=True)
     return await page(
-        "replay_confirm.html", signed_in=True, count=count, more=more, fields=filter_fields(flt),
+        "replay_confirm.html", signed_in=True, count=min(count, BULK_MAX), more=count > BULK_MAX,
+        fields=filter_fields(flt),
         list_url=f"{PREFIX}/deliveries?{urllib.parse.urlencode(filter_fields(flt))}",
     )  # fmt: skip
 
@@ -172,7 +174,7 @@ async def bulk_replay() -> Response:
     while queued < BULK_MAX:
         done = await store.replay_deliveries(
             tenant_id, status=flt.status, channel_id=flt.channel_id, event_type=flt.event_type,
-            created_after=flt.since, created_before=flt.until, after=after,
+            created_after=flt.created_after, created_before=flt.created_before, after=after,
             limit=min(BULK_PAGE, BULK_MAX - queued),
         )  # fmt: skip
         queued += done.queued
