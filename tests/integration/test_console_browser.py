@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -78,7 +79,11 @@ async def run(fn: Callable[..., T], *args: Any) -> T:
 
 
 def wait_for(chrome: WebDriver, check: Callable[[WebDriver], Any]) -> Any:
-    return WebDriverWait(chrome, WAIT_SECONDS, poll_frequency=0.2).until(check)
+    """Until ``check`` is true. A page that reloads itself (a delivery not finished yet) may
+    be replaced between finding an element and reading it: that is tried again."""
+    changing = (NoSuchElementException, StaleElementReferenceException)
+    wait = WebDriverWait(chrome, WAIT_SECONDS, poll_frequency=0.2, ignored_exceptions=changing)
+    return wait.until(check)
 
 
 def sign_in(chrome: WebDriver, base: str, key: str) -> None:
