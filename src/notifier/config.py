@@ -336,6 +336,15 @@ class SentryConfig(_Section, frozen=True):
     environment: str = ""
 
 
+class ConsoleConfig(_Section, frozen=True):
+    """The operator console (``/console``, served by the ``ingest`` role)."""
+
+    # The variable holding the secret that signs session cookies; unset or empty: a random
+    # secret per process (sessions end on restart and hold on one process only).
+    session_secret_env: str = "NOTIFIER_CONSOLE_SESSION_SECRET"
+    session_max_age_seconds: Annotated[int, msgspec.Meta(ge=60, le=30 * 86_400)] = 8 * 3600
+
+
 class Config(_Section, frozen=True):
     service: ServiceConfig = msgspec.field(default_factory=ServiceConfig)
     database: DatabaseConfig = msgspec.field(default_factory=DatabaseConfig)
@@ -349,6 +358,7 @@ class Config(_Section, frozen=True):
     maintenance: MaintenanceConfig = msgspec.field(default_factory=MaintenanceConfig)
     amqp_ingest: AmqpIngestConfig = msgspec.field(default_factory=AmqpIngestConfig)
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
 
 
 def _friendly(exc: msgspec.ValidationError) -> str:

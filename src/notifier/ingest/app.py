@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 
 from notifier.adapters.base import ChannelValidator
 from notifier.config import Config
+from notifier.console import install_console
 from notifier.ingest.api import channels, deliveries, docs, events, health, operations
 from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
 from notifier.ingest.api.errors import install_error_handlers
@@ -72,4 +73,5 @@ def create_app(
     install_error_handlers(app)
     for group in ROUTE_GROUPS:
         app.register_blueprint(group.routes)
+    install_console(app, config)
     return app

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from notifier.store.console import DeliveryFilter, FoundDelivery, HourlyCount
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import (
     Channel,
@@ -122,3 +123,20 @@ class ApiStore(Protocol):
         after: tuple[datetime, uuid.UUID] | None = None,
         limit: int,
     ) -> ReplayPage: ...
+
+    # -- for the console (notifier.store.console) -------------------------------------------
+
+    async def find_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        found_by: DeliveryFilter,
+        *,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[FoundDelivery]: ...
+
+    async def count_deliveries(
+        self, tenant_id: uuid.UUID, found_by: DeliveryFilter, *, replayable: bool = False
+    ) -> int: ...
+
+    async def hourly_counts(self, tenant_id: uuid.UUID, now: datetime) -> list[HourlyCount]: ...

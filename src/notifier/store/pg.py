@@ -18,6 +18,7 @@ from notifier.bridge import aio, open_bridge
 from notifier.store.admin import AdminQueries
 from notifier.store.attempts import AttemptQueries
 from notifier.store.channels import ChannelQueries
+from notifier.store.console import ConsoleQueries
 from notifier.store.deliveries import DeliveryQueries
 from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
@@ -35,6 +36,7 @@ class Store(
     OutboxQueries,
     MaintenanceQueries,
     RateLimitQueries,
+    ConsoleQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""
 

@@ -24,6 +24,7 @@ import trio
 
 from notifier.errors import StoreUnavailable
 from notifier.store.api import ApiStore
+from notifier.store.console import DeliveryFilter, FoundDelivery, HourlyCount
 from notifier.store.deliveries import not_replayable
 from notifier.store.errors import (
     ConfigChanged,
@@ -431,3 +432,52 @@ class MemoryApiStore(ApiStore):
         last = taken[-1].delivery if taken else None
         position = (last.created_at, last.id) if rest and last is not None else None
         return ReplayPage(queued=len(taken), more=bool(rest), next=position)
+
+    # -- the console's reads ------------------------------------------------------------------
+
+    def _found(self, tenant_id: uuid.UUID, f: DeliveryFilter) -> list[FoundDelivery]:
+        """``console_deliveries``'s rule, newest first."""
+        found = [
+            FoundDelivery(delivery=d, event_type=self.events[d.event_id].event.type)
+            for d in self._deliveries(tenant_id)
+            if (f.status is None or d.status == f.status)
+            and (f.channel_id is None or d.channel_id == f.channel_id)
+            and (f.event_type is None
+                 or pattern_matches(f.event_type, self.events[d.event_id].event.type))
+            and (f.created_after is None or d.created_at >= f.created_after)
+            and (f.created_before is None or d.created_at < f.created_before)
+        ]  # fmt: skip
+        return sorted(found, key=lambda x: (x.delivery.created_at, x.delivery.id), reverse=True)
+
+    async def find_deliveries(
+        self,
+        tenant_id: uuid.UUID,
+        found_by: DeliveryFilter,
+        *,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[FoundDelivery]:
+        await self._call()
+        found = [
+            x for x in self._found(tenant_id, found_by)
+            if before is None or (x.delivery.created_at, x.delivery.id) < before
+        ]  # fmt: skip
+        return found[:limit]
+
+    async def count_deliveries(
+        self, tenant_id: uuid.UUID, found_by: DeliveryFilter, *, replayable: bool = False
+    ) -> int:
+        await self._call()
+        return sum(
+            1 for x in self._found(tenant_id, found_by)
+            if not replayable or self._channel_state(x.delivery) == "enabled"
+        )  # fmt: skip
+
+    async def hourly_counts(self, tenant_id: uuid.UUID, now: datetime) -> list[HourlyCount]:
+        await self._call()
+        counts = Counter(
+            (int((now - d.created_at) / timedelta(hours=1)), d.status)
+            for d in self._deliveries(tenant_id)
+            if now - timedelta(days=1) < d.created_at <= now
+        )
+        return [HourlyCount(h, status, n) for (h, status), n in counts.items()]

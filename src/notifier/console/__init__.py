@@ -1,0 +1,25 @@
+"""The operator console (``/console``): server-rendered pages over the API's store, for a
+tenant signed in with its API key. ``install_console`` mounts it on the ingest app."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from quart import Quart
+
+from notifier.config import Config
+from notifier.console import auth, channels, deliveries, overview  # noqa: F401  (their routes join the blueprint)
+from notifier.console.session import Sessions, SignInThrottle, session_secret
+from notifier.console.web import ConsoleContext, install_context, routes
+
+
+def install_console(app: Quart, config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """Mount the console on ``app`` (built by ``ingest.app.create_app``, whose context it
+    reads); its session secret is in the variable ``console.session_secret_env`` names."""
+    console = config.console
+    secret = session_secret(console.session_secret_env, os.environ if environ is None else environ)
+    install_context(app, ConsoleContext(
+        sessions=Sessions(secret, console.session_max_age_seconds), throttle=SignInThrottle(),
+    ))  # fmt: skip
+    app.register_blueprint(routes)

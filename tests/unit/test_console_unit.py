@@ -1,0 +1,488 @@
+"""The console (``notifier.console``) through the app's test client on the in-memory store:
+sign-in and sessions, CSRF, security headers, tenant scoping, escaping, the pages and their
+forms. tests/integration/test_console.py runs it on Postgres, test_console_browser.py in
+Chromium."""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+from quart import typing as quart_typing
+
+from notifier.adapters.specs import build_validators
+from notifier.config import parse_config
+from notifier.console.chart import line_chart, nice_max
+from notifier.console.overview import recent
+from notifier.console.session import Sessions, SignInThrottle, new_session
+from notifier.ingest.app import create_app
+from notifier.ingest.tenants import hash_api_key
+from notifier.store.console import HourlyCount
+from notifier.testing.api import MemoryApiStore
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Browser:
+    """One browser (one cookie jar) on the console of an app with tenants ``a`` and ``b``."""
+
+    store: MemoryApiStore
+    client: quart_typing.TestClientProtocol
+    tenants: dict[str, uuid.UUID]
+
+    async def get(self, path: str) -> tuple[int, str, Any]:
+        resp = await self.client.get(path)
+        return resp.status_code, (await resp.get_data()).decode(), resp.headers
+
+    async def csrf(self, path: str = "/console/sign-in") -> str:
+        _, body, _ = await self.get(path)
+        found = CSRF.search(body)
+        assert found, body
+        return found.group(1)
+
+    async def post(
+        self, path: str, form: dict[str, str], *, csrf: str | None = "page", page: str | None = None
+    ) -> tuple[int, str, Any]:
+        """``csrf`` "page": the token of ``page`` (default: the sign-in form); None: none."""
+        data = dict(form)
+        if csrf == "page":
+            data["csrf"] = await self.csrf(page or "/console/sign-in")
+        elif csrf is not None:
+            data["csrf"] = csrf
+        resp = await self.client.post(path, form=data)
+        return resp.status_code, (await resp.get_data()).decode(), resp.headers
+
+    async def sign_in(self, key: str = "key-a") -> None:
+        status, body, headers = await self.post("/console/sign-in", {"api_key": key})
+        assert status == 303, body
+        assert headers["Location"] == "/console/"
+
+
+@pytest.fixture
+async def browser() -> Browser:
+    store = MemoryApiStore()
+    tenants = {n: await store.create_tenant(n, hash_api_key(f"key-{n}")) for n in ("a", "b")}
+    # The webhook validator as served (secrets made and rotated), checking no address: the
+    # hooks' host resolves nowhere here.
+    config = parse_config({"workers": {"webhook": {"allow_private_networks": True}}}, env={})
+    validator = build_validators(config)["webhook"]
+    app = create_app(store, config, {"webhook": validator})
+    return Browser(store, app.test_client(), tenants)
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+async def test_a_signed_out_browser_is_sent_to_sign_in(browser: Browser) -> None:
+    for path in ("/console/", "/console/deliveries", f"/console/events/{uuid.uuid4()}"):
+        status, _, headers = await browser.get(path)
+        assert (status, headers["Location"]) == (303, "/console/sign-in"), path
+
+
+async def test_signing_in_with_a_key_opens_the_console_and_signing_out_closes_it(
+    browser: Browser,
+) -> None:
+    await browser.sign_in()
+    status, body, _ = await browser.get("/console/")
+    assert status == 200
+    assert "key-a" not in body
+    token = CSRF.search(body)
+    assert token
+    status, _, headers = await browser.post("/console/sign-out", {}, csrf=token.group(1))
+    assert (status, headers["Location"]) == (303, "/console/sign-in")
+    assert (await browser.get("/console/"))[0] == 303
+
+
+async def test_the_session_cookie_is_http_only_strict_and_never_holds_the_key(
+    browser: Browser,
+) -> None:
+    data = {"api_key": "key-a", "csrf": await browser.csrf()}
+    resp = await browser.client.post("/console/sign-in", form=data)
+    cookie = resp.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert "Secure" not in cookie  # served over plain HTTP here
+    assert "key-a" not in cookie
+    assert "key-a" not in resp.headers.get("Location", "")
+    data = {"api_key": "key-a", "csrf": await browser.csrf()}
+    behind_tls = {"X-Forwarded-Proto": "https"}  # a proxy terminating TLS in front
+    resp = await browser.client.post("/console/sign-in", form=data, headers=behind_tls)
+    assert "Secure" in resp.headers["Set-Cookie"]
+
+
+async def test_a_wrong_key_is_refused_and_shown_nowhere(
+    browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    status, body, _ = await browser.post("/console/sign-in", {"api_key": "wrong-<b>key"})
+    assert status == 401
+    assert "not accepted" in body
+    assert "wrong" not in body
+    assert "gave no valid API key" in caplog.text
+    assert "wrong" not in caplog.text
+    assert (await browser.get("/console/"))[0] == 303
+    await browser.sign_in()
+    assert "key-a" not in caplog.text
+
+
+async def test_repeated_failed_sign_ins_from_one_address_are_slowed_down(
+    browser: Browser,
+) -> None:
+    for _ in range(5):
+        assert (await browser.post("/console/sign-in", {"api_key": "nope"}))[0] == 401
+    status, body, _ = await browser.post("/console/sign-in", {"api_key": "key-a"})
+    assert status == 429  # even the right key waits: the address is slowed down
+    assert "try again in" in body
+
+
+def test_the_throttle_doubles_the_wait_after_the_free_attempts() -> None:
+    throttle = SignInThrottle(free=2, base_seconds=1.0, max_seconds=4.0)
+    now = 100.0
+    for expected in (0.0, 0.0, 1.0, 2.0, 4.0, 4.0):  # after 0, 1, 2, ... failures
+        assert throttle.wait_seconds("10.0.0.1", now) == expected
+        throttle.failed("10.0.0.1", now)
+    assert throttle.wait_seconds("10.0.0.1", now + 3.0) == 1.0  # counted from the last failure
+    assert throttle.wait_seconds("10.0.0.2", now) == 0.0  # per address
+    throttle.succeeded("10.0.0.1")
+    assert throttle.wait_seconds("10.0.0.1", now) == 0.0
+
+
+def test_the_throttle_keeps_a_bounded_number_of_addresses() -> None:
+    throttle = SignInThrottle(free=0, max_addresses=2)
+    for address in ("a", "b", "c"):
+        throttle.failed(address, 0.0)
+    assert throttle.wait_seconds("a", 0.0) == 0.0  # the oldest was forgotten
+    assert throttle.wait_seconds("c", 0.0) > 0
+
+
+def test_a_session_is_refused_when_forged_or_expired() -> None:
+    sessions = Sessions("secret", max_age_seconds=60)
+    value = sessions.dump(new_session("hash"))
+    loaded = sessions.load(value)
+    assert loaded is not None
+    assert loaded.key_hash == "hash"
+    assert Sessions("another secret", 60).load(value) is None
+    assert sessions.load(value[:-2] + "xx") is None
+    assert sessions.load("garbage") is None
+    assert Sessions("secret", max_age_seconds=-1).load(value) is None  # already expired
+
+
+async def test_a_form_posted_without_its_csrf_token_is_refused(browser: Browser) -> None:
+    assert (await browser.post("/console/sign-in", {"api_key": "key-a"}, csrf=None))[0] == 403
+    assert (await browser.post("/console/sign-in", {"api_key": "key-a"}, csrf="forged"))[0] == 403
+    await browser.sign_in()
+    status, body, _ = await browser.post("/console/sign-out", {}, csrf=None)
+    assert status == 403
+    assert "expired" in body
+    assert (await browser.get("/console/"))[0] == 200  # still signed in
+
+
+async def test_every_answer_carries_the_security_headers(browser: Browser) -> None:
+    for path in ("/console/sign-in", "/console/", "/console/nowhere"):
+        _, _, headers = await browser.get(path)
+        csp = headers["Content-Security-Policy"]
+        assert "script-src" not in csp
+        assert "default-src 'none'" in csp
+        assert "frame-ancestors 'none'" in csp
+        assert headers["X-Frame-Options"] == "DENY"
+        assert headers["Referrer-Policy"] == "no-referrer"
+        assert headers["Content-Type"].startswith("text/html")
+
+
+# -- deliveries and events ----------------------------------------------------------------------
+
+
+async def api(browser: Browser, path: str, body: dict[str, Any], key: str = "a") -> Any:
+    resp = await browser.client.post(
+        path, json=body, headers={"Authorization": f"Bearer key-{key}"}
+    )
+    assert resp.status_code in (201, 202), await resp.get_data()
+    return await resp.get_json()
+
+
+async def channel(browser: Browser, key: str = "a", name: str = "hook") -> str:
+    body = {"type": "webhook", "name": name, "config": {"url": "https://hooks.example.com/in"}}
+    created = await api(browser, "/v1/channels", body, key)
+    return str(created["id"])
+
+
+async def event(browser: Browser, type_: str, payload: dict[str, Any], key: str = "a") -> str:
+    """An event of ``type_``; the id of its one delivery."""
+    created = await api(browser, "/v1/events", {"type": type_, "payload": payload}, key)
+    [delivery] = created["deliveries"]
+    return str(delivery["id"])
+
+
+def rows(body: str) -> list[str]:
+    """The delivery ids of a list page, in order."""
+    return re.findall(r'href="/console/deliveries/([0-9a-f-]{36})" class="delivery-link"', body)
+
+
+async def test_deliveries_are_listed_newest_first_and_filtered(browser: Browser) -> None:
+    await channel(browser)
+    first = await event(browser, "order.created", {"n": 1})
+    second = await event(browser, "user.signed_up", {"n": 2})
+    third = await event(browser, "order.paid", {"n": 3})
+    browser.store.settle(uuid.UUID(first), "DEAD", error="HTTP 500")
+    browser.store.settle(uuid.UUID(third), "DELIVERED")
+    await browser.sign_in()
+
+    _, body, _ = await browser.get("/console/deliveries")
+    assert rows(body) == [third, second, first]
+    assert rows((await browser.get("/console/deliveries?status=DEAD"))[1]) == [first]
+    assert rows((await browser.get("/console/deliveries?type=order.*"))[1]) == [third, first]
+    assert rows((await browser.get("/console/deliveries?type=user.signed_up"))[1]) == [second]
+    assert rows((await browser.get("/console/deliveries?since=2999-01-01T00:00"))[1]) == []
+    assert rows((await browser.get("/console/deliveries?until=2000-01-01T00:00"))[1]) == []
+    other = str(uuid.uuid4())
+    assert rows((await browser.get(f"/console/deliveries?channel={other}"))[1]) == []
+    assert (await browser.get("/console/deliveries?status=LOST"))[0] == 400
+    assert (await browser.get("/console/deliveries?since=yesterday"))[0] == 400
+    assert (await browser.get("/console/deliveries?type=" + "x" * 256))[0] == 400
+    assert (await browser.get("/console/deliveries?channel=nope"))[0] == 400
+    for edge in ("0001-01-01T00:00", "9999-12-31T23:59:59", "2026-01-01T00:00+14:00"):
+        for name in ("since", "until"):
+            query = urllib.parse.urlencode({name: edge})
+            assert (await browser.get(f"/console/deliveries?{query}"))[0] == 200, edge
+    query = urllib.parse.urlencode({"since": "0001-01-01T00:00+14:00"})
+    assert (await browser.get(f"/console/deliveries?{query}"))[0] == 400
+    assert (await browser.get("/console/deliveries?before=nonsense"))[0] == 400
+
+
+async def test_deliveries_are_paginated(browser: Browser) -> None:
+    await channel(browser)
+    made = [await event(browser, "order.created", {"n": n}) for n in range(53)]
+    await browser.sign_in()
+    _, body, _ = await browser.get("/console/deliveries")
+    assert rows(body) == made[::-1][:50]
+    found = re.search(r'href="([^"]+)" id="next-page"', body)
+    assert found
+    _, body, _ = await browser.get(found.group(1).replace("&amp;", "&"))
+    assert rows(body) == made[::-1][50:]
+    assert 'id="next-page"' not in body
+
+
+async def test_a_delivery_page_shows_its_payload_as_text_and_its_attempts(
+    browser: Browser,
+) -> None:
+    await channel(browser)
+    delivery = await event(browser, "order.created", {"note": "<script>alert(1)</script>"})
+    browser.store.settle(uuid.UUID(delivery), "DEAD", error="HTTP 500 <b>bad</b>")
+    await browser.sign_in()
+    status, body, _ = await browser.get(f"/console/deliveries/{delivery}")
+    assert status == 200
+    assert "<script>alert" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "HTTP 500 &lt;b&gt;bad&lt;/b&gt;" in body  # the attempt's error, escaped
+    assert 'id="replay"' in body
+
+
+async def test_another_tenants_deliveries_and_events_answer_404(browser: Browser) -> None:
+    await channel(browser, key="b")
+    delivery = await event(browser, "order.created", {"n": 1}, key="b")
+    event_id = browser.store.deliveries[uuid.UUID(delivery)].delivery.event_id
+    browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in("key-a")
+    assert rows((await browser.get("/console/deliveries"))[1]) == []
+    assert (await browser.get(f"/console/deliveries/{delivery}"))[0] == 404
+    assert (await browser.get(f"/console/events/{event_id}"))[0] == 404
+    status, _, _ = await browser.post(
+        f"/console/deliveries/{delivery}/replay", {}, page="/console/deliveries"
+    )
+    assert status == 404
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "DEAD"
+
+
+async def test_a_dead_delivery_is_replayed_and_only_with_the_token(browser: Browser) -> None:
+    await channel(browser)
+    delivery = await event(browser, "order.created", {"n": 1})
+    browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in()
+    path = f"/console/deliveries/{delivery}"
+    assert (await browser.post(f"{path}/replay", {}, csrf=None))[0] == 403
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "DEAD"
+    status, _, headers = await browser.post(f"{path}/replay", {}, page=path)
+    assert (status, headers["Location"]) == (303, f"{path}?notice=replayed")
+    assert browser.store.deliveries[uuid.UUID(delivery)].delivery.status == "PENDING"
+    _, body, _ = await browser.get(f"{path}?notice=replayed")
+    assert "queued again" in body
+    assert 'http-equiv="refresh"' in body  # followed until it is finished
+    status, body, _ = await browser.post(f"{path}/replay", {}, page=path)
+    assert status == 409  # PENDING: nothing to replay
+    assert "cannot be replayed" in body
+
+
+async def test_a_bulk_replay_says_how_many_then_queues_them(browser: Browser) -> None:
+    await channel(browser)
+    dead = [await event(browser, "order.created", {"n": n}) for n in range(3)]
+    other = await event(browser, "user.signed_up", {"n": 9})
+    for delivery in [*dead, other]:
+        browser.store.settle(uuid.UUID(delivery), "DEAD")
+    await browser.sign_in()
+    _, body, _ = await browser.get("/console/deliveries?status=DEAD&type=order.*")
+    assert 'id="bulk-replay"' in body
+    confirm = "/console/deliveries/replay?status=DEAD&type=order.*"
+    _, body, _ = await browser.get(confirm)
+    assert "<strong>3</strong> deliveries will be queued again" in body
+    assert all(browser.store.deliveries[uuid.UUID(d)].delivery.status == "DEAD" for d in dead)
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', body))
+    del fields["csrf"]
+    assert (await browser.post("/console/deliveries/replay", fields, csrf=None))[0] == 403
+    status, body, _ = await browser.post("/console/deliveries/replay", fields, page=confirm)
+    assert status == 200, body
+    assert "3 deliveries were queued again" in body
+    assert all(browser.store.deliveries[uuid.UUID(d)].delivery.status == "PENDING" for d in dead)
+    assert browser.store.deliveries[uuid.UUID(other)].delivery.status == "DEAD"
+
+
+async def test_an_event_page_shows_its_payload_and_deliveries(browser: Browser) -> None:
+    await channel(browser, name="one")
+    await channel(browser, name="two")
+    created = await api(browser, "/v1/events", {"type": "t", "payload": {"x": "<i>hi</i>"}})
+    await browser.sign_in()
+    status, body, _ = await browser.get(f"/console/events/{created['id']}")
+    assert status == 200
+    assert "&lt;i&gt;hi&lt;/i&gt;" in body
+    for d in created["deliveries"]:
+        assert f"/console/deliveries/{d['id']}" in body
+
+
+# -- channels -----------------------------------------------------------------------------------
+
+
+async def test_channels_are_listed_with_their_health_and_no_secret(browser: Browser) -> None:
+    channel_id = await channel(browser, name="<em>hook</em>")
+    await channel(browser, key="b", name="not-mine")
+    secret = browser.store.channels[uuid.UUID(channel_id)].config["secret"]
+    await browser.sign_in()
+    status, body, _ = await browser.get("/console/channels")
+    assert status == 200
+    assert channel_id in body
+    assert "&lt;em&gt;hook&lt;/em&gt;" in body
+    assert "not-mine" not in body
+    assert secret not in body
+
+
+async def test_a_channel_is_disabled_and_enabled(browser: Browser) -> None:
+    channel_id = await channel(browser)
+    await browser.sign_in()
+    path = f"/console/channels/{channel_id}"
+    assert (await browser.post(f"{path}/disable", {}, csrf=None))[0] == 403
+    assert browser.store.channels[uuid.UUID(channel_id)].enabled
+    status, _, _ = await browser.post(f"{path}/disable", {}, page="/console/channels")
+    assert status == 303
+    assert not browser.store.channels[uuid.UUID(channel_id)].enabled
+    assert "disabled" in (await browser.get("/console/channels"))[1]
+    await browser.post(f"{path}/enable", {}, page="/console/channels")
+    assert browser.store.channels[uuid.UUID(channel_id)].enabled
+    other = await channel(browser, key="b")
+    status, _, _ = await browser.post(
+        f"/console/channels/{other}/disable", {}, page="/console/channels"
+    )
+    assert status == 404
+    assert browser.store.channels[uuid.UUID(other)].enabled
+
+
+async def test_a_rotated_secret_is_shown_once_and_signs_from_then_on(browser: Browser) -> None:
+    channel_id = await channel(browser)
+    before = browser.store.channels[uuid.UUID(channel_id)].config["secret"]
+    await browser.sign_in()
+    path = f"/console/channels/{channel_id}/rotate-secret"
+    assert (await browser.post(path, {}, csrf=None))[0] == 403
+    status, body, _ = await browser.post(path, {}, page="/console/channels")
+    assert status == 200
+    shown = re.search(r'id="new-secret">(whsec_[^<]+)<', body)
+    assert shown
+    stored = browser.store.channels[uuid.UUID(channel_id)].config
+    assert stored["secret"] == shown.group(1) != before
+    assert shown.group(1) not in (await browser.get("/console/channels"))[1]
+
+
+async def test_a_test_event_goes_to_the_one_channel_and_is_followed(browser: Browser) -> None:
+    channel_id = await channel(browser, name="one")
+    await channel(browser, name="two")
+    await browser.sign_in()
+    status, _, headers = await browser.post(
+        f"/console/channels/{channel_id}/test", {}, page="/console/channels"
+    )
+    assert status == 303
+    found = re.fullmatch(r"/console/deliveries/([0-9a-f-]{36})\?notice=test", headers["Location"])
+    assert found
+    delivery = browser.store.deliveries[uuid.UUID(found.group(1))].delivery
+    assert str(delivery.channel_id) == channel_id
+    assert len(browser.store.deliveries) == 1  # the other channel got nothing
+    _, body, _ = await browser.get(headers["Location"])
+    assert "A test event was sent" in body
+    assert 'http-equiv="refresh"' in body
+
+
+# -- overview -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "top"),
+    [(0, 1), (1, 1), (2, 2), (3, 5), (5, 5), (6, 10), (11, 20), (999, 1000), (1001, 2000)],
+)
+def test_the_charts_top_is_a_round_number_above_every_value(value: int, top: int) -> None:
+    assert nice_max(value) == top
+
+
+def test_the_chart_draws_each_series_across_the_plot() -> None:
+    chart = line_chart([0, 5, 10], [10, 0, 0], ["a", "b", "c"])
+    assert chart.y_max == 10
+    first, _, last = chart.delivered.split()
+    assert first == f"40.0,{chart.baseline:.1f}"  # 0 at the left, on the baseline
+    assert last == f"{chart.width - 10:.1f},10.0"  # the top at the right
+    assert chart.failed.split()[0] == "40.0,10.0"
+
+
+def test_recent_sums_the_hourly_counts_for_the_hour_the_day_and_the_chart() -> None:
+    now = datetime(2026, 1, 2, 12, 30, tzinfo=UTC)
+    got = recent(
+        [HourlyCount(0, "DELIVERED", 1), HourlyCount(0, "DEAD", 1),
+         HourlyCount(2, "DELIVERED", 4), HourlyCount(5, "RETRYING", 2),
+         HourlyCount(24, "DEAD", 9)],  # out of the day: left out
+        now,
+    )  # fmt: skip
+    assert got.hour == {"DELIVERED": 1, "DEAD": 1}
+    assert got.day == {"DELIVERED": 5, "DEAD": 1, "RETRYING": 2}
+    assert got.delivered[-1] == 1  # the last hour, at the right
+    assert got.delivered[-3] == 4  # two hours before
+    assert got.failed[-1] == 1
+    assert got.failed[-6] == 2  # RETRYING counts as failing
+    assert got.labels[-1] == "12:30"
+
+
+async def test_the_overview_counts_the_tenants_deliveries_and_failing_channels(
+    browser: Browser,
+) -> None:
+    channel_id = uuid.UUID(await channel(browser, name="flaky"))
+    dead = [await event(browser, "t", {"n": n}) for n in range(2)]
+    await event(browser, "t", {"n": 3})
+    for delivery in dead:
+        browser.store.settle(uuid.UUID(delivery), "DEAD", error="HTTP 503 <i>down</i>")
+    await channel(browser, key="b")
+    browser.store.settle(uuid.UUID(await event(browser, "t", {}, key="b")), "DEAD")
+    stored = browser.store.channels[channel_id]
+    browser.store.channels[channel_id] = msgspec.structs.replace(
+        stored, failing_since=datetime.now(UTC), consecutive_failures=2
+    )
+    await browser.sign_in()
+    status, body, _ = await browser.get("/console/")
+    assert status == 200
+    dead_count = re.search(r'id="dead-count"><a [^>]*>(\d+)<', body)
+    assert dead_count
+    assert dead_count.group(1) == "2"  # not tenant b's
+    assert '<svg class="chart"' in body
+    failing = body[body.index('id="failing"') :]
+    assert "flaky" in failing
+    assert "HTTP 503 &lt;i&gt;down&lt;/i&gt;" in failing
+    assert "Not read by this process" in body  # no broker here
