@@ -1025,9 +1025,10 @@ async def test_get_delivery_includes_its_attempts(api: Api) -> None:
     await sql(
         api.db,
         """INSERT INTO delivery_attempts
-               (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error)
-           VALUES ($1, 1, now() - interval '1 minute', 40, 'retry', 503, 'HTTP 503'),
-                  ($1, 2, now(), 12, 'delivered', 200, NULL)""",
+               (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error,
+                response_excerpt)
+           VALUES ($1, 1, now() - interval '1 minute', 40, 'retry', 503, 'HTTP 503', NULL),
+                  ($1, 2, now(), 12, 'delivered', 200, NULL, '{"ok": true}')""",
         did,
     )
     await sql(
@@ -1041,11 +1042,13 @@ async def test_get_delivery_includes_its_attempts(api: Api) -> None:
     assert detail["delivered_at"] is not None
     attempts = detail["attempts"]
     assert [sorted(a) for a in attempts] == [
-        ["attempt", "duration_ms", "error", "outcome", "started_at", "status_code"]
-    ] * 2
-    assert [(a["attempt"], a["outcome"], a["status_code"], a["duration_ms"], a["error"])
-            for a in attempts] == [(1, "retry", 503, 40, "HTTP 503"),
-                                   (2, "delivered", 200, 12, None)]  # fmt: skip
+        ["attempt", "duration_ms", "error", "outcome", "response_excerpt", "started_at",
+         "status_code"]
+    ] * 2  # fmt: skip
+    assert [(a["attempt"], a["outcome"], a["status_code"], a["duration_ms"], a["error"],
+             a["response_excerpt"])
+            for a in attempts] == [(1, "retry", 503, 40, "HTTP 503", None),
+                                   (2, "delivered", 200, 12, None, '{"ok": true}')]  # fmt: skip
     assert attempts[0]["started_at"] < attempts[1]["started_at"]
     # The list shows deliveries without their attempts.
     listed = (await api.a.get(f"/v1/deliveries?event_id={event['id']}")).json()["items"]

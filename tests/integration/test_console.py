@@ -1,6 +1,7 @@
 """The console on the real Postgres: its pages read and change what the store's SQL holds
 (filters, replay one and in bulk, channels, the test event, another tenant's ids), through an
-in-process notifier serving only ingest, so that deliveries stay where the test puts them."""
+in-process notifier serving only ingest, so that deliveries stay where the test puts them; and a
+delivery's attempts as a whole notifier (workers too) recorded them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import trio
 
 from notifier.config import Config
-from tests.integration.conftest import Running, create_tenant, run_notifier, scalar, sql
+from notifier.testing import Received, open_sink
+from tests.integration.conftest import (
+    Running,
+    create_tenant,
+    run_notifier,
+    scalar,
+    sql,
+    wait_status,
+)
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 HOOK = {"type": "webhook", "name": "hook", "config": {"url": "http://127.0.0.1:9/hook"}}
@@ -127,3 +137,37 @@ async def test_channels_are_changed_and_tested_on_postgres(
             assert refused.status_code == 409
             overview = await browser.get("/console/")
             assert overview.status_code == 200
+
+
+async def test_a_delivery_page_shows_the_receivers_answer_as_text_on_postgres(
+    config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+
+    def answer(_: Received) -> tuple[int, dict[str, str], bytes]:
+        return 200, {"content-type": "text/html"}, b"<b>x</b>"
+
+    async with (
+        open_sink(answer) as sink,
+        run_notifier(config) as running,
+        running.client(key) as api,
+    ):
+        hook = {"type": "webhook", "name": "hook", "config": {"url": sink.url}}
+        assert (await api.post("/v1/channels", json=hook)).status_code == 201
+        (delivery_id,) = await seed_one(api)
+        with trio.fail_after(30):
+            await wait_status(database_url, delivery_id, "DELIVERED")
+        detail = (await api.get(f"/v1/deliveries/{delivery_id}")).json()
+        assert [(a["outcome"], a["response_excerpt"]) for a in detail["attempts"]] == [
+            ("delivered", "<b>x</b>")
+        ]
+        async with signed_in(running, key) as browser:
+            page = (await browser.get(f"/console/deliveries/{delivery_id}")).text
+        assert '<span class="mono">&lt;b&gt;x&lt;/b&gt;</span>' in page
+        assert "<b>x</b>" not in page
+
+
+async def seed_one(api: httpx.AsyncClient) -> list[str]:
+    resp = await api.post("/v1/events", json={"type": "order.created", "payload": {"n": 1}})
+    assert resp.status_code == 202, resp.text
+    return [d["id"] for d in resp.json()["deliveries"]]

@@ -285,6 +285,25 @@ async def test_a_delivery_page_shows_its_payload_as_text_and_its_attempts(
     assert 'id="replay"' in body
 
 
+async def test_a_delivery_page_shows_the_response_excerpt_escaped_and_shortened(
+    browser: Browser,
+) -> None:
+    await channel(browser)
+    short, long = await event(browser, "a", {"n": 1}), await event(browser, "b", {"n": 2})
+    browser.store.settle(uuid.UUID(short), "DELIVERED", response_excerpt="<b>x</b>")
+    full = "<i>" + "y" * 100 + "</i>"
+    browser.store.settle(uuid.UUID(long), "DELIVERED", response_excerpt=full)
+    await browser.sign_in()
+    _, body, _ = await browser.get(f"/console/deliveries/{short}")
+    assert '<span class="mono">&lt;b&gt;x&lt;/b&gt;</span>' in body
+    assert "<details>" not in body
+    _, body, _ = await browser.get(f"/console/deliveries/{long}")
+    assert "<i>" not in body
+    cut = "&lt;i&gt;" + "y" * 76 + "…"  # 80 characters shown, the whole answer one click away
+    assert f'<details><summary class="mono">{cut}</summary>' in body
+    assert f"<pre>&lt;i&gt;{'y' * 100}&lt;/i&gt;</pre></details>" in body
+
+
 async def test_another_tenants_deliveries_and_events_answer_404(browser: Browser) -> None:
     await channel(browser, key="b")
     delivery = await event(browser, "order.created", {"n": 1}, key="b")

@@ -91,13 +91,16 @@ class EventBatch(_View):
 class AttemptView(_View):
     """One entry of a delivery's history: an attempt, or a replay (`replayed`: an operator
     enqueued the finished delivery again; it has no error). Entries are numbered in order, and
-    the numbers keep increasing across replays."""
+    the numbers keep increasing across replays. `response_excerpt`: the start of the receiver's
+    answer to a delivered attempt (at most 2048 bytes of UTF-8), null when it kept none; a failed
+    attempt's answer is summed up in `error`."""
 
     attempt: int
     outcome: Outcome
     status_code: int | None
     duration_ms: int
     error: str | None
+    response_excerpt: str | None
     started_at: Timestamp
 
 

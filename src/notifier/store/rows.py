@@ -89,6 +89,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: int
     error: str | None
     started_at: datetime
+    # The start of the receiver's answer (at most 2048 bytes), as the adapter kept it.
+    response_excerpt: str | None = None
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):

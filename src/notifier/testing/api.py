@@ -88,9 +88,16 @@ class MemoryApiStore(ApiStore):
         return tenant_id
 
     def settle(
-        self, delivery_id: uuid.UUID, status: str, *, attempt: int = 1, error: str | None = None
+        self,
+        delivery_id: uuid.UUID,
+        status: str,
+        *,
+        attempt: int = 1,
+        error: str | None = None,
+        response_excerpt: str | None = None,
     ) -> None:
-        """What a worker would write: the delivery ``status`` after ``attempt``."""
+        """What a worker would write: the delivery ``status`` after ``attempt`` (with the
+        receiver's ``response_excerpt``)."""
         stored = self.deliveries[delivery_id]
         now = self._now()
         stored.delivery = msgspec.structs.replace(
@@ -100,7 +107,7 @@ class MemoryApiStore(ApiStore):
         outcome = {"DELIVERED": "success", "DEAD": "dead"}.get(status, "retry")
         stored.attempts.append(Attempt(
             attempt=attempt, outcome=outcome, status_code=None, duration_ms=1, error=error,
-            started_at=now,
+            response_excerpt=response_excerpt, started_at=now,
         ))  # fmt: skip
 
     def _now(self) -> datetime:

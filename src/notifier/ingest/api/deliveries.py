@@ -30,7 +30,8 @@ def delivery_view(d: Delivery) -> DeliveryView:
         return view
     attempts = [
         AttemptView(attempt=a.attempt, outcome=a.outcome, status_code=a.status_code,
-                    duration_ms=a.duration_ms, error=a.error, started_at=a.started_at)
+                    duration_ms=a.duration_ms, error=a.error,
+                    response_excerpt=a.response_excerpt, started_at=a.started_at)
         for a in d.attempts
     ]  # fmt: skip
     return DeliveryDetail(**msgspec.structs.asdict(view), attempts=attempts)
