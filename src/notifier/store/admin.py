@@ -6,33 +6,23 @@ scrape-time gauges (``/metrics``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
-import logging
-import math
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
-import trio
 
-from notifier.bridge import aio
-from notifier.errors import StoreError, StoreUnavailable
-from notifier.store import versions
-from notifier.store.base import UNAVAILABLE, Conn, Q, crossing, transaction
+from notifier.store import listen, versions
+from notifier.store.base import Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
+from notifier.store.listen import TenantChanges
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
 # Schema changes may rewrite big tables or wait for another migrate: not bounded like requests.
 MIGRATE_TIMEOUT_SECONDS = 3600.0
 TENANT_NAME_CONSTRAINT = "tenants_name_key"  # Postgres's name for schema.sql's UNIQUE (name)
-# schema.sql's trigger NOTIFYs the tenant's id here on every UPDATE or DELETE of a tenants row.
-TENANTS_CHANNEL = "notifier_tenants"
-
-log = logging.getLogger("notifier.store")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,55 +102,10 @@ class AdminQueries(Queries):
         """Enable or disable the tenant ``name``; False when there is no such tenant."""
         return await self._pool.fetchval(Q["tenant_set_enabled"], name, enabled) is not None
 
-    @asynccontextmanager
-    async def open_tenant_changes(self) -> AsyncIterator[TenantChanges]:
-        """Trio-flavoured. LISTEN on the tenants' channel on a connection of its own; iterate
-        the result for the ids of the tenants changed, until that connection is lost.
-
-        Without a DSN to LISTEN on (behind a transaction pooler with no ``listen_url``) the
-        result is not ``listening`` and its iteration never yields nor ends."""
-        if self._listen_dsn is None:
-            yield TenantChanges(None, listening=False)
-            return
-        send, receive = trio.open_memory_channel[str](math.inf)
-        token = trio.lowlevel.current_trio_token()
-
-        def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-            token.run_sync_soon(_send, send, str(payload))  # asyncio-flavoured callback
-
-        def on_lost(*_: object) -> None:
-            token.run_sync_soon(send.close)
-
-        unreadable = ""
-        try:
-            conn: asyncpg.Connection = await aio(asyncpg.connect, self._listen_dsn, timeout=10)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
-        except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
-            unreadable = type(exc).__name__
-        if unreadable:
-            # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
-            # the exception itself goes any further.
-            raise StoreError(
-                "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
-                f"or database.url without it): {unreadable}"
-            )
-        try:
-            try:
-                await aio(conn.add_listener, TENANTS_CHANNEL, on_notify)
-            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
-                raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
-            conn.add_termination_listener(on_lost)
-            if conn.is_closed():  # lost before the listener was in place: it will not say so
-                send.close()
-            yield TenantChanges(receive, listening=True)
-        finally:
-            send.close()
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await aio(conn.close, timeout=5)
-                except Exception:
-                    conn.terminate()
+    def open_tenant_changes(self) -> AbstractAsyncContextManager[TenantChanges]:
+        """Trio-flavoured. The ids of the tenants changed, as they are NOTIFYed
+        (``listen.open_tenant_changes``, on the store's DSN for a connection of its own)."""
+        return listen.open_tenant_changes(self._listen_dsn)
 
     @crossing
     async def metrics_snapshot(self) -> MetricsSnapshot:
@@ -171,24 +116,3 @@ class AdminQueries(Queries):
             outbox_depth=row["outbox_depth"], pending=row["pending"], retrying=row["retrying"],
             oldest_open_age_seconds=row["oldest_open_age_seconds"],
         )  # fmt: skip
-
-
-class TenantChanges:
-    """The ids (as sent: text) of the tenants changed, as they are NOTIFYed; the iteration
-    ends when the LISTEN connection is lost. Not ``listening``: never yields nor ends."""
-
-    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None, *, listening: bool) -> None:
-        self._receive = receive
-        self.listening = listening
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        if self._receive is None:
-            await trio.sleep_forever()
-        else:
-            async for payload in self._receive:
-                yield payload
-
-
-def _send(send: trio.MemorySendChannel[str], payload: str) -> None:
-    with contextlib.suppress(trio.ClosedResourceError):  # the connection was lost meanwhile
-        send.send_nowait(payload)
