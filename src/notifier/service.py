@@ -110,9 +110,11 @@ async def run(
             binds: list[str] = []
             async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:
-                    # One LISTEN connection: a changed tenant is forgotten by every cache here.
+                    # One LISTEN connection: a changed tenant is forgotten by every cache here
+                    # (not awaited: a Postgres down at start delays nothing; the caches are
+                    # emptied once it listens, and bounded by their TTL until then).
                     caches = tenant_caches if tenant_caches is not None else TenantCaches()
-                    await root.start(keep_tenant_caches_fresh, store, caches)
+                    root.start_soon(keep_tenant_caches_fresh, store, caches)
                     app = create_app(
                         store, config, validators,
                         check_broker=functools.partial(amqp.probe, config.broker.url),

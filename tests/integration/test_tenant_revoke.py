@@ -98,24 +98,29 @@ async def test_a_lost_listen_is_opened_again_and_then_forgets_at_once_again(
 ) -> None:
     cfg = config_file(tmp_path, database_url)
     key = json.loads(await tenant_cli(capsys, cfg, "create", "acme"))["api_key"]
-    listening = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    listeners = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
         f"AND query = 'LISTEN \"{TENANTS_CHANNEL}\"'"
     )
     async with two_ingest_processes(database_url, broker_url) as fleet:
-        assert await scalar(database_url, listening) == 2  # one LISTEN connection each
-        assert [await post(r, key) for r in fleet] == [202, 202]
-        await sql(
-            database_url,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = current_database() AND query = 'LISTEN \"{TENANTS_CHANNEL}\"'",
-        )
+        pids: set[int] = set()
 
-        async def back() -> bool:
-            return bool(await scalar(database_url, listening) == 2)
+        async def both_listen_anew() -> bool:
+            """One LISTEN connection per process, none of them one seen before."""
+            now = {r[0] for r in await sql(database_url, listeners)}
+            if len(now) == 2 and not now & pids:
+                pids.update(now)
+                return True
+            return False
 
         with trio.fail_after(20):
-            await poll(back, interval_seconds=0.1)
+            await poll(both_listen_anew, interval_seconds=0.1)
+        assert [await post(r, key) for r in fleet] == [202, 202]
+        await sql(
+            database_url, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid", list(pids)
+        )
+        with trio.fail_after(20):
+            await poll(both_listen_anew, interval_seconds=0.1)  # listening again
         assert [await post(r, key) for r in fleet] == [202, 202]
         await tenant_cli(capsys, cfg, "disable", "acme")
         assert await refused_everywhere(fleet, key) < REFUSED_WITHIN
