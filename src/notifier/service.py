@@ -132,13 +132,9 @@ async def run(
                     await services.start(supervised, "ingest", ingest, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
-                            run_amqp_ingest,
-                            config,
-                            store,
-                            stop,
-                            metrics=metrics,
+                            run_amqp_ingest, config, store, stop, metrics=metrics,
                             tenant_caches=caches,
-                        )
+                        )  # fmt: skip
                         await services.start(supervised, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
                     relay = functools.partial(run_relay, config, store, stop, metrics=metrics)
