@@ -13,6 +13,21 @@ CREATE TABLE IF NOT EXISTS tenants (
 -- no channel (migrations/0002).
 ALTER TABLE tenants ADD COLUMN IF NOT EXISTS enabled boolean NOT NULL DEFAULT true;
 
+-- Every change to a tenant (a key rotated, disabled or enabled, renamed, deleted), by any tool,
+-- is NOTIFYed on `notifier_tenants` with the tenant's id, in the transaction that makes it:
+-- each ingest process LISTENs there and forgets that tenant's cached key at once
+-- (notifier.ingest.tenants; migrations/0003).
+CREATE OR REPLACE FUNCTION notifier_tenant_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('notifier_tenants', OLD.id::text);
+    RETURN NULL;
+END;
+$$;
+DROP TRIGGER IF EXISTS tenants_notify ON tenants;
+CREATE TRIGGER tenants_notify AFTER UPDATE OR DELETE ON tenants
+    FOR EACH ROW EXECUTE FUNCTION notifier_tenant_changed();
+
 CREATE TABLE IF NOT EXISTS channels (
     id            uuid PRIMARY KEY,
     tenant_id     uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,

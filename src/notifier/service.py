@@ -19,6 +19,7 @@ from notifier.config import Config
 from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
 from notifier.ingest.serve import open_listeners, serve_ingest
+from notifier.ingest.tenants import TenantCaches, keep_tenant_caches_fresh
 from notifier.lifecycle import Stop, supervise
 from notifier.maintenance import run_maintenance
 from notifier.metrics import Metrics, run_process_metrics
@@ -64,6 +65,7 @@ async def run(
     adapters: Mapping[str, Adapter] | None = None,
     validators: Mapping[str, ChannelValidator] | None = None,
     reporter: Reporter | None = None,
+    tenant_caches: TenantCaches | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Run the chosen roles until SIGINT/SIGTERM (or ``stop``), then drain.
@@ -74,7 +76,8 @@ async def run(
     ``adapters`` replaces the registry's deliverers (by channel type; tests pass fakes; one
     that also validates configs, like ``notifier.testing.RecordingAdapter``, replaces its type's
     validator too), ``validators`` the specs' validators, and ``reporter`` the Sentry reporter
-    that every supervisor and worker group reports to.
+    that every supervisor and worker group reports to. ``tenant_caches`` holds the ingest
+    role's tenant caches (tests pass one with another TTL).
 
     Deliverers, which read the adapters' secrets from the environment, are built only for the
     ``workers`` role; the API validates channel configs with the specs' validators.
@@ -107,11 +110,17 @@ async def run(
             binds: list[str] = []
             async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:
+                    # One LISTEN connection: a changed tenant is forgotten by every cache here
+                    # (not awaited: a Postgres down at start delays nothing; the caches are
+                    # emptied once it listens, and bounded by their TTL until then).
+                    caches = tenant_caches if tenant_caches is not None else TenantCaches()
+                    root.start_soon(keep_tenant_caches_fresh, store, caches)
                     app = create_app(
                         store, config, validators,
                         check_broker=functools.partial(amqp.probe, config.broker.url),
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
+                        tenant_caches=caches,
                     )  # fmt: skip
                     # Bound once (a port taken fails the start), kept while the server restarts.
                     listeners = owned.enter_context(open_listeners(config.ingest.bind))
@@ -123,8 +132,9 @@ async def run(
                     await services.start(supervised, "ingest", ingest, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
-                            run_amqp_ingest, config, store, stop, metrics=metrics
-                        )
+                            run_amqp_ingest, config, store, stop, metrics=metrics,
+                            tenant_caches=caches,
+                        )  # fmt: skip
                         await services.start(supervised, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
                     relay = functools.partial(run_relay, config, store, stop, metrics=metrics)

@@ -128,7 +128,7 @@ async def terminate_listen_backends(database_url: str) -> int:
         database_url,
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-        "AND query ILIKE 'LISTEN%'",
+        "AND query = 'LISTEN \"notifier_outbox\"'",
     )
     return len(found)
 
@@ -144,7 +144,7 @@ async def test_losing_the_listen_connection_keeps_the_relay_polling_without_a_re
         n = await scalar(
             database_url,
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+            "WHERE datname = current_database() AND query = 'LISTEN \"notifier_outbox\"'",
         )
         return bool(n == 1)
 

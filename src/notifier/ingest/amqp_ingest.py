@@ -42,7 +42,7 @@ from notifier.ingest.amqp_messages import (
     parse_message,
 )
 from notifier.ingest.events import max_attempts_by_type, refusal
-from notifier.ingest.tenants import TenantCache
+from notifier.ingest.tenants import TenantCaches
 from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
@@ -102,6 +102,7 @@ class AmqpIngest:
         publisher: Publisher,
         stop: Stop,
         metrics: Metrics | None = None,
+        tenant_caches: TenantCaches | None = None,
     ) -> None:
         cfg = config.amqp_ingest
         self._cfg = cfg
@@ -109,7 +110,7 @@ class AmqpIngest:
         self._store = store
         self._publisher = publisher
         self._stop = stop
-        self._tenants = TenantCache(store.tenant_ids_by_names)
+        self._tenants = (tenant_caches or TenantCaches()).cache(store.tenant_ids_by_names)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()
         self._ingested = (metrics or Metrics()).events_ingested.labels(source="amqp")
@@ -305,6 +306,7 @@ async def run_amqp_ingest(
     stop: Stop,
     *,
     metrics: Metrics | None = None,
+    tenant_caches: TenantCaches | None = None,
     task_status: trio.TaskStatus[AmqpIngest] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Consume ``[amqp_ingest] queue`` until ``stop``; ``task_status`` gets
@@ -330,7 +332,7 @@ async def run_amqp_ingest(
             conn.open_consumer(cfg.queue, cfg.prefetch) as consumer,
             trio.open_nursery() as nursery,
         ):
-            ingest = AmqpIngest(config, store, publisher, stop, metrics)
+            ingest = AmqpIngest(config, store, publisher, stop, metrics, tenant_caches)
             lost = watch_closing(nursery, {
                 "consuming connection": conn.wait_closed,
                 "consuming channel": consumer.wait_closed,

@@ -22,6 +22,7 @@ from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.events import max_attempts_by_type, store_each
 from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.openapi import build_openapi
+from notifier.ingest.tenants import TenantCaches
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 
@@ -41,18 +42,22 @@ def create_app(
     check_broker: Callable[[], Awaitable[None]] | None = None,
     metrics: Metrics | None = None,
     read_queue_depths: ReadQueueDepths | None = None,
+    tenant_caches: TenantCaches | None = None,
 ) -> QuartTrio:
     """Build the app. ``validators`` check channel configs, by channel type (the enabled types:
     ``specs.build_validators``). ``check_broker`` raises when RabbitMQ is unreachable (for
     ``/readyz``). ``/metrics`` serves ``metrics`` (the process's; a fresh one by default) and
-    the broker's queue depths read with ``read_queue_depths`` (left out without it)."""
+    the broker's queue depths read with ``read_queue_depths`` (left out without it). The app's
+    cache of tenants by API key is one of ``tenant_caches`` (the process's, which
+    ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
+    own: its entries then live their TTL)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
     max_attempts = max_attempts_by_type(config)
     install(app, ApiContext(
         store=store, config=config, validators=validators, max_attempts=max_attempts,
-        tenants=tenants_by_key_hash(store),
+        tenants=tenants_by_key_hash(store, tenant_caches or TenantCaches()),
         commit=GroupCommit(
             store_each(store, max_attempts), max_batch=config.ingest.max_batch_events,
             patience_seconds=GROUP_COMMIT_PATIENCE_SECONDS,

@@ -1,6 +1,7 @@
 """The store's queries for the schema, tenants, health and metrics: ``migrate`` (the CLI) and
 ``schema_state`` (start-up, ``/readyz``, ``notifier check``), tenants (the CLI manages them, the
-API finds them by API key), ``ping`` (``/readyz``) and the scrape-time gauges (``/metrics``)."""
+API finds them by API key, ingest LISTENs for their changes), ``ping`` (``/readyz``) and the
+scrape-time gauges (``/metrics``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import asyncio
 import dataclasses
 import datetime
 import uuid
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 
-from notifier.store import versions
+from notifier.store import listen, versions
 from notifier.store.base import Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
+from notifier.store.listen import TenantChanges
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
@@ -98,6 +101,11 @@ class AdminQueries(Queries):
     async def set_tenant_enabled(self, name: str, enabled: bool) -> bool:
         """Enable or disable the tenant ``name``; False when there is no such tenant."""
         return await self._pool.fetchval(Q["tenant_set_enabled"], name, enabled) is not None
+
+    def open_tenant_changes(self) -> AbstractAsyncContextManager[TenantChanges]:
+        """Trio-flavoured. The ids of the tenants changed, as they are NOTIFYed
+        (``listen.open_tenant_changes``, on the store's DSN for a connection of its own)."""
+        return listen.open_tenant_changes(self._listen_dsn)
 
     @crossing
     async def metrics_snapshot(self) -> MetricsSnapshot:

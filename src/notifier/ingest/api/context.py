@@ -18,7 +18,7 @@ from notifier.config import Config
 from notifier.errors import StoreError
 from notifier.ingest.events import Outcome, Pair
 from notifier.ingest.groupcommit import GroupCommit
-from notifier.ingest.tenants import TenantCache
+from notifier.ingest.tenants import TenantCache, TenantCaches
 from notifier.metrics import Metrics, ScrapeReader
 from notifier.store.api import ApiStore
 
@@ -42,8 +42,9 @@ class ApiContext:
     openapi: bytes  # the document served at /openapi.json
 
 
-def tenants_by_key_hash(store: ApiStore) -> TenantCache:
-    """The cache of tenant ids by API key hash, looked up in ``store``."""
+def tenants_by_key_hash(store: ApiStore, caches: TenantCaches) -> TenantCache:
+    """The cache of tenant ids by API key hash, looked up in ``store``, one of ``caches`` (the
+    process's: forgotten when a tenant changes)."""
 
     async def lookup(digests: Sequence[str]) -> dict[str, uuid.UUID]:
         found: dict[str, uuid.UUID] = {}
@@ -53,7 +54,7 @@ def tenants_by_key_hash(store: ApiStore) -> TenantCache:
                 found[digest] = tenant_id
         return found
 
-    return TenantCache(lookup)
+    return caches.cache(lookup)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""The tenants' changes as they happen: LISTEN, on a connection of its own, on the channel that
+schema.sql's trigger NOTIFYs with a tenant's id on every UPDATE or DELETE of its row. Ingest
+forgets that tenant's cached keys (``notifier.ingest.tenants.keep_tenant_caches_fresh``).
+
+Like the outbox doorbell (``outbox.py``), never on a pooled connection: a LISTEN would stay on
+it for its next user, and behind a transaction pooler it would be lost with the transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+import trio
+
+from notifier.bridge import aio
+from notifier.errors import StoreError, StoreUnavailable
+from notifier.store.base import UNAVAILABLE
+
+TENANTS_CHANNEL = "notifier_tenants"  # schema.sql's trigger notifier_tenant_changed()
+
+
+@asynccontextmanager
+async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantChanges]:
+    """Trio-flavoured. LISTEN on the tenants' channel on a connection of its own; iterate
+    the result for the ids of the tenants changed, until that connection is lost.
+
+    Without a DSN to LISTEN on (behind a transaction pooler with no ``listen_url``) the
+    result is not ``listening`` and its iteration never yields nor ends."""
+    if listen_dsn is None:
+        yield TenantChanges(None, listening=False)
+        return
+    send, receive = trio.open_memory_channel[str](math.inf)
+    token = trio.lowlevel.current_trio_token()
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        token.run_sync_soon(_send, send, str(payload))  # asyncio-flavoured callback
+
+    def on_lost(*_: object) -> None:
+        token.run_sync_soon(send.close)
+
+    unreadable = ""
+    try:
+        conn: asyncpg.Connection = await aio(asyncpg.connect, listen_dsn, timeout=10)
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+    except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
+        unreadable = type(exc).__name__
+    if unreadable:
+        # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
+        # the exception itself goes any further.
+        raise StoreError(
+            "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
+            f"or database.url without it): {unreadable}"
+        )
+    try:
+        try:
+            await aio(conn.add_listener, TENANTS_CHANNEL, on_notify)
+        except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+            raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
+        conn.add_termination_listener(on_lost)
+        if conn.is_closed():  # lost before the listener was in place: it will not say so
+            send.close()
+        yield TenantChanges(receive, listening=True)
+    finally:
+        send.close()
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await aio(conn.close, timeout=5)
+            except Exception:
+                conn.terminate()
+
+
+class TenantChanges:
+    """The ids (as sent: text) of the tenants changed, as they are NOTIFYed; the iteration
+    ends when the LISTEN connection is lost. Not ``listening``: never yields nor ends."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None, *, listening: bool) -> None:
+        self._receive = receive
+        self.listening = listening
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        if self._receive is None:
+            await trio.sleep_forever()
+        else:
+            async for payload in self._receive:
+                yield payload
+
+
+def _send(send: trio.MemorySendChannel[str], payload: str) -> None:
+    with contextlib.suppress(trio.ClosedResourceError):  # the connection was lost meanwhile
+        send.send_nowait(payload)
