@@ -104,7 +104,7 @@ class MemoryApiStore(ApiStore):
             stored.delivery, status=status, attempt=attempt, last_error=error,
             delivered_at=now if status == "DELIVERED" else None,
         )  # fmt: skip
-        outcome = {"DELIVERED": "success", "DEAD": "dead"}.get(status, "retry")
+        outcome = {"DELIVERED": "delivered", "DEAD": "dead"}.get(status, "retry")
         stored.attempts.append(Attempt(
             attempt=attempt, outcome=outcome, status_code=None, duration_ms=1, error=error,
             response_excerpt=response_excerpt, started_at=now,
