@@ -22,6 +22,7 @@ from pathlib import Path
 import trio
 
 from tests.chaos.harness import free_port
+from tests.integration.conftest import poll
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "pgbouncer.ini"
@@ -106,11 +107,15 @@ class PgBouncer:
         assert self.process is None or self.process.poll() is not None
         self.process = self._spawn()
         self.starts += 1
+        process = self.process
+
+        async def accepting() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited at start:\n{self.log()[-2000:]}")
+            return await trio.to_thread.run_sync(_accepts, self.port)
+
         with trio.fail_after(START_TIMEOUT_SECONDS):
-            while not await trio.to_thread.run_sync(_accepts, self.port):
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"pgbouncer exited at start:\n{self.log()[-2000:]}")
-                await trio.sleep(0.05)
+            await poll(accepting)
 
     async def kill(self) -> None:
         """SIGKILL it (every client connection breaks at once) and wait for it to be gone."""

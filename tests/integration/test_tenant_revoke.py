@@ -158,10 +158,11 @@ async def test_amqp_ingest_refuses_a_disabled_tenant_at_once(
 async def _dead_or_stored(broker_url: str, database_url: str) -> list[Message]:
     """Wait for the last message published to be dead-lettered (returned) or stored ([])."""
     count = await scalar(database_url, "SELECT count(*) FROM events")
-    while True:
-        dead = await take_all(broker_url, DLQ)
-        if dead:
-            return dead  # type: ignore[return-value]
-        if await scalar(database_url, "SELECT count(*) FROM events") > count:
-            return []
-        await trio.sleep(0.02)
+    dead: list[Message] = []
+
+    async def settled() -> bool:
+        dead.extend(await take_all(broker_url, DLQ))  # type: ignore[arg-type]
+        return bool(dead) or await scalar(database_url, "SELECT count(*) FROM events") > count
+
+    await poll(settled, interval_seconds=0.02)
+    return dead

@@ -1,16 +1,18 @@
-"""The tenants' changes as they happen: LISTEN, on a connection of its own, on the channel that
-schema.sql's trigger NOTIFYs with a tenant's id on every UPDATE or DELETE of its row. Ingest
-forgets that tenant's cached keys (``notifier.ingest.tenants.keep_tenant_caches_fresh``).
+"""LISTEN on a connection of its own (``listening``, which the outbox doorbell in ``outbox.py``
+uses too), and the tenants' changes as they happen: the channel that schema.sql's trigger
+NOTIFYs with a tenant's id on every UPDATE or DELETE of its row. Ingest forgets that tenant's
+cached keys (``notifier.ingest.tenants.keep_tenant_caches_fresh``).
 
-Like the outbox doorbell (``outbox.py``), never on a pooled connection: a LISTEN would stay on
-it for its next user, and behind a transaction pooler it would be lost with the transaction.
+Never on a pooled connection: a LISTEN would stay on it for its next user, and behind a
+transaction pooler it would be lost with the transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import asyncpg
@@ -24,6 +26,49 @@ TENANTS_CHANNEL = "notifier_tenants"  # schema.sql's trigger notifier_tenant_cha
 
 
 @asynccontextmanager
+async def listening(
+    dsn: str, channel: str, *, on_notify: Callable[[str], None], on_lost: Callable[[], None]
+) -> AsyncIterator[None]:
+    """Trio-flavoured. LISTEN on ``channel`` on a connection of its own while the block runs:
+    ``on_notify(payload)`` for each notification and ``on_lost()`` once the connection is lost,
+    both called in trio's thread. The outbox doorbell and the tenants' changes listen so."""
+    token = trio.lowlevel.current_trio_token()
+
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        token.run_sync_soon(on_notify, str(payload))  # asyncio-flavoured callback
+
+    unreadable = ""
+    try:
+        conn: asyncpg.Connection = await aio(asyncpg.connect, dsn, timeout=10)
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
+    except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
+        unreadable = type(exc).__name__
+    if unreadable:
+        # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
+        # the exception itself (not even as the context of this one) goes any further.
+        raise StoreError(
+            "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
+            f"or database.url without it): {unreadable}"
+        )
+    try:
+        try:
+            await aio(conn.add_listener, channel, notified)
+        except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
+            raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
+        conn.add_termination_listener(lambda *_: token.run_sync_soon(on_lost))
+        if conn.is_closed():  # lost before the listener was in place: it will not say so
+            on_lost()
+        yield
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await aio(conn.close, timeout=5)
+            except Exception:
+                conn.terminate()
+
+
+@asynccontextmanager
 async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantChanges]:
     """Trio-flavoured. LISTEN on the tenants' channel on a connection of its own; iterate
     the result for the ids of the tenants changed, until that connection is lost.
@@ -34,44 +79,12 @@ async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantCha
         yield TenantChanges(None, listening=False)
         return
     send, receive = trio.open_memory_channel[str](math.inf)
-    token = trio.lowlevel.current_trio_token()
-
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-        token.run_sync_soon(_send, send, str(payload))  # asyncio-flavoured callback
-
-    def on_lost(*_: object) -> None:
-        token.run_sync_soon(send.close)
-
-    unreadable = ""
     try:
-        conn: asyncpg.Connection = await aio(asyncpg.connect, listen_dsn, timeout=10)
-    except UNAVAILABLE as exc:
-        raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
-    except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
-        unreadable = type(exc).__name__
-    if unreadable:
-        # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
-        # the exception itself goes any further.
-        raise StoreError(
-            "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
-            f"or database.url without it): {unreadable}"
-        )
-    try:
-        try:
-            await aio(conn.add_listener, TENANTS_CHANNEL, on_notify)
-        except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
-            raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
-        conn.add_termination_listener(on_lost)
-        if conn.is_closed():  # lost before the listener was in place: it will not say so
-            send.close()
-        yield TenantChanges(receive, listening=True)
+        notified = functools.partial(_send, send)
+        async with listening(listen_dsn, TENANTS_CHANNEL, on_notify=notified, on_lost=send.close):
+            yield TenantChanges(receive, listening=True)
     finally:
         send.close()
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            try:
-                await aio(conn.close, timeout=5)
-            except Exception:
-                conn.terminate()
 
 
 class TenantChanges:

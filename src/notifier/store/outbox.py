@@ -12,9 +12,9 @@ import asyncpg
 import trio
 
 from notifier.bridge import aio
-from notifier.errors import StoreError, StoreUnavailable
 from notifier.hint import Doorbell
-from notifier.store.base import UNAVAILABLE, Conn, Q, crossing
+from notifier.store.base import Conn, Q, crossing
+from notifier.store.listen import listening
 from notifier.store.pool import Pool, Queries
 from notifier.store.rows import OutboxRow
 
@@ -67,40 +67,10 @@ class OutboxQueries(Queries):
             )
             yield bell
             return
-        token = trio.lowlevel.current_trio_token()
-
-        def on_notify(*_: object) -> None:  # asyncio-flavoured callback
-            token.run_sync_soon(bell.ring)
-
-        unreadable = ""
-        try:
-            conn: asyncpg.Connection = await aio(asyncpg.connect, self._listen_dsn, timeout=10)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
-        except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
-            unreadable = type(exc).__name__
-        if unreadable:
-            # asyncpg's message quotes a part of the URL, a password perhaps: neither it nor
-            # the exception itself (not even as the context of this one) goes any further.
-            raise StoreError(
-                "cannot LISTEN: asyncpg cannot read the URL to LISTEN on (database.listen_url, "
-                f"or database.url without it): {unreadable}"
-            )
-        try:
-            try:
-                await aio(conn.add_listener, DOORBELL_CHANNEL, on_notify)
-            except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
-                raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
-            conn.add_termination_listener(lambda *_: token.run_sync_soon(bell.lost))
-            if conn.is_closed():  # lost before the listener was in place: it will not say so
-                bell.lost()
+        async with listening(
+            self._listen_dsn, DOORBELL_CHANNEL, on_notify=lambda _: bell.ring(), on_lost=bell.lost
+        ):
             yield bell
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await aio(conn.close, timeout=5)
-                except Exception:
-                    conn.terminate()
 
 
 class OutboxClaim:
