@@ -1,4 +1,5 @@
-"""Turn msgspec's validation messages into ``path: problem`` form, naming the offending key."""
+"""Turn msgspec's validation messages into ``path: problem`` form, naming the offending key; and
+``whole``, the form of every pattern that must match a whole text."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ _KEY = re.compile(r"`(.+?)`: (.*)", flags=re.DOTALL)
 _ENUM = re.compile(r"Invalid enum value (.*)", flags=re.DOTALL)
 # A step of a path: a key, an array's index `[3]`, a mapping's key as msgspec writes it `[...]`.
 _STEP = re.compile(r"\[(?:\d+|\.\.\.)\]|[^.\[\]]+")
+
+
+def whole(body: str) -> str:
+    r"""A pattern that matches when ``body`` matches the whole text, and only then.
+
+    msgspec matches a pattern with ``re.search``, and Python's ``$`` also matches just before a
+    final newline (``^a$`` takes ``"a\n"``); ``(?!\n)`` after it rules that out. The pattern is
+    also published in the OpenAPI document, whose regex dialect (ECMA-262) has no ``\A`` or
+    ``\Z``: this form means the same in both dialects."""
+    return rf"^(?:{body})$(?!\n)"
 
 
 def key_error(key: str, problem: str) -> ValueError:

@@ -19,8 +19,8 @@ from notifier.ingest.models import (
     ChannelPatch,
     EventIn,
     ReplayIn,
-    whole,
 )
+from notifier.validation import whole
 
 # Texts that spoil a valid one; each is refused wherever a pattern checks it.
 SPOILED = {

@@ -9,17 +9,7 @@ from typing import Annotated, Any
 import msgspec
 
 from notifier.config import MIN_RATE_PER_SECOND
-
-
-def whole(body: str) -> str:
-    r"""A pattern that matches when ``body`` matches the whole text, and only then.
-
-    msgspec matches a pattern with ``re.search``, and Python's ``$`` also matches just before a
-    final newline (``^a$`` takes ``"a\n"``); ``(?!\n)`` after it rules that out. The pattern is
-    also published in the OpenAPI document, whose regex dialect (ECMA-262) has no ``\A`` or
-    ``\Z``: this form means the same in both dialects."""
-    return rf"^(?:{body})$(?!\n)"
-
+from notifier.validation import whole
 
 # An event type: dot-separated words of letters, digits, '_', '-' and ':'.
 EVENT_TYPE_RE = whole(r"[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*")
