@@ -133,6 +133,10 @@ CREATE TABLE IF NOT EXISTS delivery_attempts (
     response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
 );
 CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
+-- A delivery's latest replay, which the worker reads with every message (delivery_states):
+-- the replays alone, so a delivery never replayed costs one empty probe.
+CREATE INDEX IF NOT EXISTS delivery_attempts_replays_idx ON delivery_attempts (delivery_id, attempt)
+    WHERE outcome = 'replayed' AND error IS NULL;
 -- 'replayed' (an operator enqueued a finished delivery again) came after the first schema: widen
 -- an older check once, without rescanning the table on every migrate.
 DO $$

@@ -6,8 +6,8 @@
 -- disabled or deleted; and the channel's rate limit, kept in a shared bucket. `replayed_at`: the
 -- number of the delivery's latest replay (`replay` in queries_deliveries.sql; a replay's row
 -- from before the numbers kept increasing has a note in `error` and does not count), 0 for
--- none: the backoff starts again after it. A delivery never replayed has no such row: one
--- probe of the attempts' index.
+-- none: the backoff starts again after it. One probe of delivery_attempts_replays_idx, which
+-- holds the replays alone.
 SELECT d.id, d.status, d.attempt, notifier_channel_state(c) AS channel_state,
        c.disabled_reason, c.rate_limit_per_second,
        coalesce((SELECT max(a.attempt) FROM delivery_attempts a
