@@ -156,11 +156,6 @@ async def test_a_lost_node_loses_no_accepted_event(
     await assert_guarantees(scenario, outcome, urls[0])
     # the pipeline kept delivering on the two nodes left, before the killed one came back
     assert loss.delivered_while_down > 0
-    # the worker group was on the killed node (or the queue's leader was), and it moved
-    if choose == "workers":
-        assert loss.before["workers.webhook"] == loss.killed
-    assert loss.during["workers.webhook"] != loss.killed
-    assert set(loss.during) == set(CONNECTIONS)
     log = outcome.service.log()
     assert f"connected to RabbitMQ at 127.0.0.1:{cluster.node(loss.killed).port}/" in log
     assert "guest:guest" not in log  # a node is logged by its address, never with credentials

@@ -277,6 +277,7 @@ async def test_a_fleet_of_processes_delivers_everything_once(
                     with trio.fail_after(60):
                         await poll(lambda: _stop_point(ledger, stopped), interval_seconds=0.1)
                     share_at_stop = len(delivered_by(stopped.process.log()))
+                    assert len(ledger) < EVENTS, "the load ended before the SIGTERM"
                     stopped.process.signal(signal.SIGTERM)
                     stopped.process.exit_code = await stopped.process.wait_exit(30)
                     assert stopped.process.exit_code == 0, stopped.process.log()[-3000:]

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from notifier.launch import RestartPolicy
 from tests.chaos.harness import ServiceProcess, base_config, free_port, wait_ready, write_config
 from tests.chaos.services import ROOT
 from tests.integration.conftest import create_tenant, poll
@@ -232,11 +233,18 @@ async def test_a_killed_process_is_started_again_and_the_launch_keeps_serving(
     async with launched(tmp_path, config, "--role", "ingest", "--processes", "2") as launch:
         kids = await launch.wait_children(2)
         victim = min(kids)
+        killed_at = trio.current_time()
         os.kill(victim, signal.SIGKILL)
         now = await launch.wait_children(2, other_than={victim})
+        # started again after the backoff of a first failure, and not before
+        assert trio.current_time() - killed_at >= RestartPolicy().delay(1)
         assert len(now - kids) == 1
         assert (await get(launch.port, "/healthz"))[0] == 200
-        assert re.search(r"exited on signal SIGKILL .*starting it again", launch.process.log())
+        found = re.search(
+            r"exited on signal SIGKILL .*starting it again in ([\d.]+) s", launch.process.log()
+        )
+        assert found is not None
+        assert float(found[1]) == RestartPolicy().delay(1)
         # the process metrics of the killed process left with it
         status, metrics = await get(launch.port, "/metrics")
         assert status == 200
