@@ -15,11 +15,11 @@ import trio.testing
 
 from notifier.errors import StoreUnavailable
 from notifier.ingest.tenants import (
-    RELISTEN_INITIAL_BACKOFF_SECONDS,
     TenantCache,
     TenantCaches,
     keep_tenant_caches_fresh,
 )
+from notifier.store.listen import RELISTEN_INITIAL_BACKOFF_SECONDS
 
 A, B = uuid.uuid4(), uuid.uuid4()
 

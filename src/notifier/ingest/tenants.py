@@ -17,7 +17,7 @@ from typing import Protocol
 
 import trio
 
-from notifier.errors import StoreError
+from notifier.store.listen import relisten
 
 log = logging.getLogger("notifier.ingest")
 
@@ -31,11 +31,6 @@ log = logging.getLogger("notifier.ingest")
 # process every few seconds, not one per request. (A disabled tenant's events fan out to no
 # channel at once whatever the cache says: the fan-out statement checks the tenant.)
 TENANT_CACHE_SECONDS = 5.0
-
-# LISTEN lost or refused: listen again after this long, doubling up to the maximum; a
-# connection that held for at least the maximum starts the backoff over.
-RELISTEN_INITIAL_BACKOFF_SECONDS = 0.5
-RELISTEN_MAX_BACKOFF_SECONDS = 5.0
 
 
 def hash_api_key(api_key: str) -> str:
@@ -152,42 +147,26 @@ async def keep_tenant_caches_fresh(
     refused connection is logged and opened again after a backoff, the TTL bounding the caches
     meanwhile. Nothing here ever fails ingest.
     """
-    delay = RELISTEN_INITIAL_BACKOFF_SECONDS
-    started = False
-    while True:
-        began = trio.current_time()
-        try:
-            async with store.open_tenant_changes() as changes:
-                caches.forget_all()
-                if started:
-                    log.info("listening for tenant changes again")
-                else:
-                    started = True
-                    task_status.started()
-                if not changes.listening:
-                    log.info(
-                        "no LISTEN through a transaction pooler and no database.listen_url: "
-                        "a changed tenant (key rotated, disabled) is refused at most %g s later",
-                        caches.ttl_seconds,
-                    )
-                async for payload in changes:
-                    _forget(caches, payload)
-            log.warning(
-                "the tenant changes LISTEN connection was lost; tenant caches are bounded by "
-                "their %g s TTL until it is back", caches.ttl_seconds,
-            )  # fmt: skip
-        except StoreError as exc:
-            log.warning(
-                "listening for tenant changes failed (tenant caches are bounded by their "
-                "%g s TTL): %r", caches.ttl_seconds, exc,
-            )  # fmt: skip
-        if not started:
-            started = True
-            task_status.started()
-        if trio.current_time() - began >= RELISTEN_MAX_BACKOFF_SECONDS:
-            delay = RELISTEN_INITIAL_BACKOFF_SECONDS  # it held for a while: start over
-        await trio.sleep(delay)
-        delay = min(delay * 2, RELISTEN_MAX_BACKOFF_SECONDS)
+
+    async def use(changes: TenantChanges, again: bool) -> None:
+        caches.forget_all()
+        if not changes.listening:
+            log.info(
+                "no LISTEN through a transaction pooler and no database.listen_url: "
+                "a changed tenant (key rotated, disabled) is refused at most %g s later",
+                caches.ttl_seconds,
+            )
+        async for payload in changes:
+            _forget(caches, payload)
+
+    ttl = f"{caches.ttl_seconds:g} s TTL"
+    await relisten(
+        store.open_tenant_changes, use, log=log, what="tenant changes",
+        lost=f"the tenant changes LISTEN connection was lost; tenant caches are bounded by "
+        f"their {ttl} until it is back",
+        failed=f"listening for tenant changes failed (tenant caches are bounded by their {ttl})",
+        task_status=task_status,
+    )  # fmt: skip
 
 
 def _forget(caches: TenantCaches, payload: str) -> None:

@@ -16,15 +16,10 @@ from typing import Protocol
 
 import trio
 
-from notifier.errors import StoreError
 from notifier.hint import Hint
+from notifier.store.listen import relisten
 
 log = logging.getLogger("notifier.relay")
-
-# LISTEN lost or refused: listen again after this long, doubling up to the maximum; a
-# connection that held for at least the maximum starts the backoff over.
-RELISTEN_INITIAL_BACKOFF_SECONDS = 0.5
-RELISTEN_MAX_BACKOFF_SECONDS = 5.0
 
 
 class Bell(Protocol):
@@ -54,30 +49,18 @@ async def keep_listening(
     either way. A lost or refused LISTEN connection is logged, rings ``hint`` and is opened
     again after a backoff; nothing here ever fails the relay for it.
     """
-    delay = RELISTEN_INITIAL_BACKOFF_SECONDS
-    started = False
-    while True:
-        began = trio.current_time()
-        try:
-            async with store.open_doorbell() as bell:
-                if started:
-                    log.info("listening for the outbox doorbell again")
-                    hint.ring()  # a pass for whatever rang while nobody listened
-                else:
-                    started = True
-                    task_status.started()
-                await _forward(bell, hint)
-            log.warning("the outbox LISTEN connection was lost; the relay polls until it is back")
-        except StoreError as exc:
-            log.warning("listening for the outbox doorbell failed (the relay polls): %r", exc)
-        if not started:
-            started = True
-            task_status.started()
-        hint.ring()
-        if trio.current_time() - began >= RELISTEN_MAX_BACKOFF_SECONDS:
-            delay = RELISTEN_INITIAL_BACKOFF_SECONDS  # it held for a while: start over
-        await trio.sleep(delay)
-        delay = min(delay * 2, RELISTEN_MAX_BACKOFF_SECONDS)
+
+    async def use(bell: Bell, again: bool) -> None:
+        if again:
+            hint.ring()  # a pass for whatever rang while nobody listened
+        await _forward(bell, hint)
+
+    await relisten(
+        store.open_doorbell, use, log=log, what="the outbox doorbell",
+        lost="the outbox LISTEN connection was lost; the relay polls until it is back",
+        failed="listening for the outbox doorbell failed (the relay polls)",
+        after_each=hint.ring, task_status=task_status,
+    )  # fmt: skip
 
 
 async def _forward(bell: Bell, hint: Hint) -> None:

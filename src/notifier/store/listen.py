@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TypeVar
 
 import asyncpg
 import trio
@@ -21,6 +23,8 @@ import trio
 from notifier.bridge import aio
 from notifier.errors import StoreError, StoreUnavailable
 from notifier.store.base import UNAVAILABLE
+
+T = TypeVar("T")
 
 TENANTS_CHANNEL = "notifier_tenants"  # schema.sql's trigger notifier_tenant_changed()
 
@@ -85,6 +89,54 @@ async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantCha
             yield TenantChanges(receive, listening=True)
     finally:
         send.close()
+
+
+# A lost or refused LISTEN connection is opened again after this, doubling up to the maximum;
+# a connection that held that long starts the backoff over.
+RELISTEN_INITIAL_BACKOFF_SECONDS = 0.5
+RELISTEN_MAX_BACKOFF_SECONDS = 5.0
+
+
+async def relisten(
+    open_listener: Callable[[], AbstractAsyncContextManager[T]],
+    use: Callable[[T, bool], Awaitable[None]],
+    *,
+    log: logging.Logger,
+    what: str,
+    lost: str,
+    failed: str,
+    after_each: Callable[[], None] = lambda: None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trio-flavoured. Open a LISTEN with ``open_listener`` and ``use(listener, again)`` it
+    until its connection is lost, for ever (cancel it to stop); ``again`` is False the first
+    time. A lost (``lost``) or refused (``failed``, with the error) connection is logged, then
+    ``after_each()``, then it is opened again after a backoff: nothing here ever fails its
+    caller. ``started()`` comes after the first LISTEN, or after it failed."""
+    delay = RELISTEN_INITIAL_BACKOFF_SECONDS
+    started = False
+    while True:
+        began = trio.current_time()
+        try:
+            async with open_listener() as listener:
+                again = started
+                if again:
+                    log.info("listening for %s again", what)
+                else:
+                    started = True
+                    task_status.started()
+                await use(listener, again)
+            log.warning(lost)
+        except StoreError as exc:
+            log.warning("%s: %r", failed, exc)
+        if not started:
+            started = True
+            task_status.started()
+        after_each()
+        if trio.current_time() - began >= RELISTEN_MAX_BACKOFF_SECONDS:
+            delay = RELISTEN_INITIAL_BACKOFF_SECONDS  # it held for a while: start over
+        await trio.sleep(delay)
+        delay = min(delay * 2, RELISTEN_MAX_BACKOFF_SECONDS)
 
 
 class TenantChanges:
