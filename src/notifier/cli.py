@@ -20,7 +20,7 @@ from notifier import __version__, service
 from notifier.broker import amqp
 from notifier.broker.nodes import node_address, node_urls
 from notifier.broker.topology import build_topology, ingest_topology
-from notifier.config import Config, available_cores, load_config
+from notifier.config import Config, load_config, process_count
 from notifier.errors import ConfigError, NotifierError, StoreUnavailable
 from notifier.ingest.tenants import hash_api_key
 from notifier.launch import READY_FD_ENV, launch, notify_ready
@@ -148,8 +148,9 @@ def _require_schema(config: Config) -> None:
 
 def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
     _require_schema(config)
-    wanted = args.processes if args.processes is not None else config.service.processes
-    count = available_cores() if wanted == "auto" else wanted
+    count = process_count(
+        args.processes if args.processes is not None else config.service.processes
+    )
     if count > 1:
         return launch(
             args.config, roles, count, grace_seconds=config.service.shutdown_grace_seconds,

@@ -56,7 +56,13 @@ class ServiceConfig(_Section, frozen=True):
 
     def process_count(self) -> int:
         """``processes`` as a number: ``auto`` is the number of cores this process may use."""
-        return available_cores() if self.processes == "auto" else self.processes
+        return process_count(self.processes)
+
+
+def process_count(processes: int | Literal["auto"]) -> int:
+    """A number of processes as ``service.processes`` or ``--processes`` gives it, as a number:
+    ``auto`` is the number of cores this process may use."""
+    return available_cores() if processes == "auto" else processes
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

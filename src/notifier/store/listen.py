@@ -80,13 +80,13 @@ async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantCha
     Without a DSN to LISTEN on (behind a transaction pooler with no ``listen_url``) the
     result is not ``listening`` and its iteration never yields nor ends."""
     if listen_dsn is None:
-        yield TenantChanges(None, listening=False)
+        yield TenantChanges(None)
         return
     send, receive = trio.open_memory_channel[str](math.inf)
     try:
         notified = functools.partial(_send, send)
         async with listening(listen_dsn, TENANTS_CHANNEL, on_notify=notified, on_lost=send.close):
-            yield TenantChanges(receive, listening=True)
+            yield TenantChanges(receive)
     finally:
         send.close()
 
@@ -143,9 +143,12 @@ class TenantChanges:
     """The ids (as sent: text) of the tenants changed, as they are NOTIFYed; the iteration
     ends when the LISTEN connection is lost. Not ``listening``: never yields nor ends."""
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None, *, listening: bool) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None) -> None:
         self._receive = receive
-        self.listening = listening
+
+    @property
+    def listening(self) -> bool:
+        return self._receive is not None
 
     async def __aiter__(self) -> AsyncIterator[str]:
         if self._receive is None:
