@@ -14,11 +14,11 @@ import msgspec
 from quart import Response, redirect, request
 from werkzeug.datastructures import MultiDict
 
-from notifier.console.data import find_deliveries, utc_now
+from notifier.console.data import utc_now
 from notifier.console.web import PREFIX, ConsoleError, page, routes, signed_in_tenant
 from notifier.ingest.api.context import api_context
-from notifier.ingest.api.http import ApiError
-from notifier.ingest.api.pagination import decode_cursor, encode_cursor
+from notifier.ingest.api.http import ApiError, in_utc
+from notifier.ingest.api.pagination import decode_cursor, split_page
 from notifier.store.console import DeliveryFilter
 from notifier.store.errors import NotFound, NotReplayable
 from notifier.store.rows import DELIVERY_STATUSES, TERMINAL_STATUSES
@@ -45,8 +45,8 @@ def _time(args: MultiDict[str, str], name: str) -> datetime | None:
     if at.tzinfo is None:
         return at.replace(tzinfo=UTC)
     try:
-        return at.astimezone(UTC)
-    except OverflowError as exc:  # 0001-01-01T00:00+14:00 is before the first UTC time
+        return in_utc(name, at)
+    except ApiError as exc:  # 0001-01-01T00:00+14:00 is before the first UTC time
         raise ConsoleError(400, f"{name}: out of range") from exc
 
 
@@ -97,11 +97,14 @@ async def deliveries() -> Response:
         except ApiError as exc:
             raise ConsoleError(400, "before: not a position of this list") from exc
     store = api_context().store
-    found = await find_deliveries(store, tenant_id, flt, before, PAGE_SIZE)
+    rows = await store.find_deliveries(tenant_id, flt, before=before, limit=PAGE_SIZE + 1)
+    items, next_cursor = split_page(
+        rows, PAGE_SIZE, lambda f: (f.delivery.created_at, f.delivery.id)
+    )
     fields = filter_fields(flt)
     next_url = None
-    if found.next is not None:
-        query = {**fields, "before": encode_cursor(*found.next)}
+    if next_cursor is not None:
+        query = {**fields, "before": next_cursor}
         next_url = f"{PREFIX}/deliveries?{urllib.parse.urlencode(query)}"
     bulk_url = None
     if flt.status in TERMINAL_STATUSES:
@@ -110,7 +113,7 @@ async def deliveries() -> Response:
         tenant_id, type=None, recipient=None, after=None, limit=500
     )
     return await page(
-        "deliveries.html", signed_in=True, page=found, fields=fields, statuses=DELIVERY_STATUSES,
+        "deliveries.html", signed_in=True, items=items, fields=fields, statuses=DELIVERY_STATUSES,
         channels=channels, names={c.id: c.name for c in channels}, next_url=next_url,
         bulk_url=bulk_url,
         first_url=f"{PREFIX}/deliveries?{urllib.parse.urlencode(fields)}" if before else None,
