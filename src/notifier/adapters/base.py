@@ -87,6 +87,26 @@ class RateLimiter(Protocol):
         ...
 
 
+@runtime_checkable
+class HasDestinations(Protocol):
+    """Optional: an adapter that knows which receiver a delivery goes to. Deliveries to one
+    destination share its fair share of a worker group's tasks and its circuit breaker
+    (docs/architecture.md §5); an adapter without it has one destination per channel."""
+
+    def destination(self, message: WorkerMessage) -> str:
+        """A short, stable key naming the receiver (the webhook's origin, ``scheme://host:port``);
+        never a secret, since it appears in metrics, logs and the API."""
+        ...
+
+
+def destination_of(adapter: object, message: WorkerMessage) -> str:
+    """The destination key of ``message``: the adapter's, or its channel's when the adapter
+    names none."""
+    if isinstance(adapter, HasDestinations):
+        return adapter.destination(message)
+    return f"channel:{message.channel_id}"
+
+
 def public_config(validator: ChannelValidator | None, config: dict[str, Any]) -> dict[str, Any]:
     """The config as the API shows it after creation: secret fields left out."""
     hidden = validator.secret_fields if validator else frozenset({"secret"})

@@ -124,7 +124,8 @@ class TenantChanges(Protocol):
     ``listening`` False when there is nothing to LISTEN on (iterating then waits for ever);
     iterating yields the NOTIFY payloads (tenant ids) and ends when the connection is lost."""
 
-    listening: bool
+    @property
+    def listening(self) -> bool: ...
 
     def __aiter__(self) -> AsyncIterator[str]: ...
 

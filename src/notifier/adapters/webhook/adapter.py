@@ -168,6 +168,16 @@ class WebhookAdapter:
             literal=self._literal(host),
         )
 
+    def destination(self, message: WorkerMessage) -> str:
+        """``HasDestinations``: the origin the channel's URL points at, ``scheme://host:port``
+        (the host as dialed); a URL that cannot be sent to is a destination of its own."""
+        try:
+            origin = self.endpoint(message.channel_config).origin
+        except PermanentError:
+            return f"channel:{message.channel_id}"
+        host = f"[{origin.host}]" if ":" in origin.host else origin.host
+        return f"{origin.scheme}://{host}:{origin.port}"
+
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         cfg = message.channel_config
         end = self.endpoint(cfg)
