@@ -208,20 +208,38 @@ class WorkerGroupConfig(_Section, frozen=True):
     prefetch: Positive = 64
     max_attempts: Positive = 5
     timeout_seconds: PositiveFloat = 10.0
+    # The most worker tasks one destination (a webhook's origin; another type's channel) may
+    # hold; unset: a quarter of concurrency (at least 1). docs/architecture.md §5.
+    max_in_flight_per_destination: Positive | None = None
 
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
             raise key_error("prefetch", f"must be at least concurrency ({self.concurrency})")
+        cap = self.max_in_flight_per_destination
+        if cap is not None and cap > self.concurrency:
+            raise key_error(
+                "max_in_flight_per_destination",
+                f"must be at most concurrency ({self.concurrency})",
+            )
         # A prefetched message may wait for ceil(prefetch / concurrency) deliveries before its
-        # own; all of it must stay far below RabbitMQ's consumer_timeout (30 min by default), or
-        # the broker closes the channel and every unacked message is delivered again.
-        worst = self.timeout_seconds * -(-self.prefetch // self.concurrency)
+        # own, and then, in its destination's waiting list, for one more; all of it must stay
+        # far below RabbitMQ's consumer_timeout (30 min by default), or the broker closes the
+        # channel and every unacked message is delivered again.
+        worst = self.timeout_seconds * (-(-self.prefetch // self.concurrency) + 1)
         if worst > CONSUMER_TIMEOUT_BUDGET_SECONDS:
             raise key_error(
                 "timeout_seconds",
-                f"timeout_seconds * ceil(prefetch / concurrency) = {worst:g} s; it must stay "
-                f"under {CONSUMER_TIMEOUT_BUDGET_SECONDS} s (half of RabbitMQ's consumer_timeout)",
+                f"timeout_seconds * (ceil(prefetch / concurrency) + 1) = {worst:g} s; it must "
+                f"stay under {CONSUMER_TIMEOUT_BUDGET_SECONDS} s (half of RabbitMQ's "
+                "consumer_timeout)",
             )
+
+    @property
+    def in_flight_per_destination(self) -> int:
+        """``max_in_flight_per_destination``, or its default: a quarter of ``concurrency``."""
+        if self.max_in_flight_per_destination is not None:
+            return self.max_in_flight_per_destination
+        return max(1, self.concurrency // 4)
 
 
 class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):

@@ -224,6 +224,17 @@ class Metrics:
             "notifier_worker_in_flight", "Messages a worker group is handling right now.",
             ["channel_type"], registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        self.deliveries_deferred = Counter(
+            "notifier_deliveries_deferred",
+            "Messages sent through a delay tier, attempt unused, because their destination had "
+            "its fair share of the worker tasks.",
+            ["channel_type"], registry=r,
+        )  # fmt: skip
+        self.worker_waiting = Gauge(
+            "notifier_worker_waiting",
+            "Messages waiting, holding no task, for a slot of their destination's fair share.",
+            ["channel_type"], registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.scrape_time = _ScrapeTime()
         r.register(self.scrape_time)
         self._process: _ProcessGauges | None = None
@@ -258,6 +269,8 @@ class Metrics:
         self.delivery_attempt_duration.labels(channel_type)
         self.delivery_latency.labels(channel_type)
         self.worker_in_flight.labels(channel_type)
+        self.deliveries_deferred.labels(channel_type)
+        self.worker_waiting.labels(channel_type)
 
     def observe_relay_batch(
         self, claimed: int, published: Sequence[datetime], confirmed_at: datetime

@@ -28,6 +28,7 @@ from notifier.testing.messages import worker_message
 from notifier.testing.outbox import MemoryClaim, MemoryDoorbell, MemoryOutbox
 from notifier.testing.recorders import (
     Delay,
+    DestinationsAdapter,
     PacedAdapter,
     RecordingAdapter,
     RecordingObserver,
@@ -55,6 +56,7 @@ __all__ = [
     "BotApiCall",
     "BotApiReply",
     "Delay",
+    "DestinationsAdapter",
     "FakeBotApi",
     "MemoryBroker",
     "MemoryClaim",

@@ -91,6 +91,36 @@ class PacedAdapter(RecordingAdapter):
         return (self._bucket,)
 
 
+class DestinationsAdapter(RecordingAdapter):
+    """A ``RecordingAdapter`` that is also ``HasDestinations``: a message's destination is its
+    channel config's ``url``, and a delivery there takes ``seconds[url]`` (trio time; 0 when
+    not listed) before it succeeds. ``running`` is how many deliveries each destination has under
+    way, and ``most_running`` the highest it reached."""
+
+    def __init__(self, seconds: dict[str, float], channel_type: str = "webhook") -> None:
+        super().__init__(channel_type)
+        self.seconds = seconds
+        self.running: dict[str, int] = {}
+        self.most_running: dict[str, int] = {}
+        self.finished_at: dict[str, list[float]] = {}
+
+    def destination(self, message: WorkerMessage) -> str:
+        return str(message.channel_config["url"])
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        url = self.destination(message)
+        self.messages.append(message)
+        self.called_at.append(trio.current_time())
+        self.running[url] = self.running.get(url, 0) + 1
+        self.most_running[url] = max(self.most_running.get(url, 0), self.running[url])
+        try:
+            await trio.sleep(self.seconds.get(url, 0.0))
+        finally:
+            self.running[url] -= 1
+        self.finished_at.setdefault(url, []).append(trio.current_time())
+        return None
+
+
 # -- recording observer and settlements ---------------------------------------------------------
 
 

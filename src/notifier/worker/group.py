@@ -4,11 +4,9 @@ retry publisher on an AMQP connection of its own (docs/architecture.md §5, §4)
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from typing import Protocol
 
 import trio
-from prometheus_client import Gauge
 
 from notifier.adapters.base import Adapter
 from notifier.batching import Batcher
@@ -23,6 +21,7 @@ from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.ratelimit import SharedBuckets
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
+from notifier.worker.fair import FairDispatch, FairShare, Pending
 from notifier.worker.handle import Handler
 from notifier.worker.observe import (
     LogObserver,
@@ -41,13 +40,10 @@ class WorkerStore(BatchStore, SharedBuckets, Protocol):
 
 
 async def worker_task(
-    receive: trio.MemoryReceiveChannel[Incoming],
-    handler: Handler,
-    stop: Stop,
-    in_flight: Gauge | None = None,
+    receive: trio.MemoryReceiveChannel[Incoming], dispatch: FairDispatch, stop: Stop
 ) -> None:
-    """Take messages until stopped; a message taken is always handled to the end.
-    ``in_flight`` counts the messages being handled."""
+    """Take messages until stopped; a message taken is always handled to the end (or left
+    waiting for its destination's share, or deferred: ``worker.fair``)."""
     while True:
         with stop.intake() as intake:
             try:
@@ -56,8 +52,18 @@ async def worker_task(
                 return
         if intake.cancelled_caught:
             return
-        with in_flight.track_inprogress() if in_flight is not None else nullcontext():
-            await handler.handle(incoming)
+        await dispatch.dispatch(incoming)
+
+
+def fair_share(workers: WorkerGroupConfig) -> FairShare[Pending]:
+    """The group's fair share (docs/architecture.md §5): ``in_flight_per_destination`` tasks per
+    destination, as many waiting per destination, and in all what the prefetch leaves once every
+    task has a message."""
+    cap = workers.in_flight_per_destination
+    return FairShare(
+        cap=cap, waiting_per_destination=cap,
+        waiting_total=workers.prefetch - workers.concurrency,
+    )  # fmt: skip
 
 
 def outcome_observers(
@@ -127,6 +133,11 @@ async def run_worker_group(
                 limits=store,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
+            dispatch = FairDispatch(
+                handler, adapter, fair_share(workers), stop,
+                tracking=in_flight.track_inprogress if in_flight is not None else None,
+                waiting=metrics.worker_waiting.labels(channel_type) if metrics else None,
+            )  # fmt: skip
             lost = watch_closing(nursery, {
                 "consuming connection": conn.wait_closed,
                 "consuming channel": consumer.wait_closed,
@@ -136,10 +147,13 @@ async def run_worker_group(
             nursery.start_soon(deliveries.run)
             nursery.start_soon(retries.run)
             task_status.started()
-            log.info("worker group %s: consuming with %d tasks", channel_type, workers.concurrency)
+            log.info(
+                "worker group %s: consuming with %d tasks, at most %d per destination",
+                channel_type, workers.concurrency, workers.in_flight_per_destination,
+            )  # fmt: skip
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
-                    pool.start_soon(worker_task, consumer.receive, handler, stop, in_flight)
+                    pool.start_soon(worker_task, consumer.receive, dispatch, stop)
             # stopped: end the watchers and batchers before the channels close
             nursery.cancel_scope.cancel()
         if lost:

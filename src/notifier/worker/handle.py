@@ -31,13 +31,13 @@ import trio
 
 from notifier.adapters.base import Adapter, RateLimiter
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
-from notifier.broker.topology import RETRY_EXCHANGE, retry_queue
+from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
 from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
-from notifier.worker.observe import UNDECODABLE, Observers, Outcome, OutcomeObserver
+from notifier.worker.observe import DEFERRED, UNDECODABLE, Observers, Outcome, OutcomeObserver
 
 log = logging.getLogger("notifier.worker")
 
@@ -51,6 +51,8 @@ RETRY_PUBLISH_TIMEOUT_SECONDS = 6.0
 # outage does not spin messages through the queue (each return counts against its delivery
 # limit).
 STORE_UNAVAILABLE_PAUSE_SECONDS = 5.0
+# A deferral whose copy the broker did not take: the original is held this long, then requeued.
+DEFER_FAILED_PAUSE_SECONDS = 1.0
 
 Publish = Callable[[Outgoing], Awaitable[Confirm]]
 
@@ -106,12 +108,12 @@ class Handler:
         self._observer = observer
         self._type = adapter.channel_type
 
-    async def handle(self, incoming: Incoming) -> None:
+    async def handle(self, incoming: Incoming, message: WorkerMessage | None = None) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
-        ``Exception``."""
-        message: WorkerMessage | None = None
+        ``Exception``. ``message`` is its body when the caller decoded it already."""
         try:
-            message = self._decode(incoming)
+            if message is None:
+                message = self._decode(incoming)
             settle = (
                 Settle.REJECT if message is None
                 else await self._handle(message, incoming.message_id)
@@ -134,6 +136,36 @@ class Handler:
             )  # fmt: skip
             settle = Settle.REJECT
         incoming.settle(settle)
+
+    async def defer(
+        self, incoming: Incoming, message: WorkerMessage, seconds: float, *, destination: str
+    ) -> None:
+        """Trio-flavoured. Send the message through the delay tier covering ``seconds``, at the
+        same attempt, and ack it: its destination has its fair share of the tasks already
+        (``worker.fair``). No attempt is used and nothing is written to Postgres. When the copy
+        is not confirmed the original goes back to the queue after a pause (so a broker fault
+        does not spin it). Never raises ``Exception``."""
+        tier = tier_for(seconds, self._policy.tiers_seconds)
+        queue = retry_queue(self._type, tier)
+        out = Outgoing(RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id))
+        with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
+            confirm, why = await self._publish_retry(out)
+        if confirm is Confirm.CONFIRMED:
+            log.debug(
+                "delivery %s attempt %d: %s is at its share; deferred %d s",
+                message.delivery_id, message.attempt, destination, tier,
+                extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
+            )  # fmt: skip
+            self._observe(incoming.message_id, message, DEFERRED)
+            incoming.settle(Settle.ACK)
+            return
+        log.warning(
+            "delivery %s attempt %d: deferring to %s failed (%s); requeueing",
+            message.delivery_id, message.attempt, queue, why,
+            extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
+        )  # fmt: skip
+        await trio.sleep(DEFER_FAILED_PAUSE_SECONDS)
+        incoming.settle(Settle.REQUEUE)
 
     def _observe(
         self, message_id: str | None, message: WorkerMessage | None, outcome: str, *,

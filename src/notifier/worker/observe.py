@@ -25,6 +25,9 @@ log = logging.getLogger("notifier.worker")
 
 # The outcome of a message whose body could not be decoded: no delivery, no attempt row.
 UNDECODABLE = "undecodable"
+# A message whose destination had its fair share of the tasks, sent through a delay tier at the
+# same attempt (``worker.fair``): no attempt, no row.
+DEFERRED = "deferred"
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,9 +35,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     reached an attempt because its body could not be decoded or the handler itself raised.
 
     ``outcome`` is the attempt row's (``delivered``, ``retry``, ``rate_limited``, ``dead``,
-    ``panic``), or ``UNDECODABLE``. ``recorded`` says whether that row was written: an attempt
-    whose record failed is made again once its message is redelivered, so it counts for nothing
-    yet.
+    ``panic``), ``UNDECODABLE``, or ``DEFERRED`` (no row). ``recorded`` says whether that row
+    was written: an attempt whose record failed is made again once its message is redelivered,
+    so it counts for nothing yet.
     """
 
     channel_type: str  # the worker group's
@@ -80,6 +83,9 @@ class MetricsObserver:
         metrics.start_channel_type(channel_type)
 
     def observe(self, outcome: Outcome) -> None:
+        if outcome.outcome == DEFERRED:
+            self._metrics.deliveries_deferred.labels(outcome.channel_type).inc()
+            return
         if not outcome.recorded or outcome.message is None:
             return
         m, kind = self._metrics, outcome.channel_type
