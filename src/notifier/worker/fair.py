@@ -241,16 +241,16 @@ class FairDispatch:
                 await self._handler.handle(incoming)  # logged, observed, rejected there
             return
         key = self.destination(message)
-        verdict = self._share.admit(key, (incoming, message), trio.current_time())
+        t0 = trio.current_time()  # the delivery's start, as the share counts it
+        verdict = self._share.admit(key, (incoming, message), t0)
         if verdict is Verdict.WAIT:
             self._count_waiting()
             return
         if verdict is Verdict.DEFER:
-            seconds = self._share.defer_seconds(key, trio.current_time())
+            seconds = self._share.defer_seconds(key, t0)
             await self._handler.defer(incoming, message, seconds, destination=key)
             return
         pending: Pending | None = (incoming, message)
-        t0 = trio.current_time()
         while pending is not None:
             with self._tracking():
                 await self._handler.handle(*pending)
