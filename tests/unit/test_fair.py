@@ -22,7 +22,7 @@ from notifier.testing import DestinationsAdapter, MemoryBroker, MemoryDeliveries
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.fair import FairDispatch, FairShare, Verdict
 from notifier.worker.group import fair_share, worker_task
-from notifier.worker.handle import Handler
+from notifier.worker.handle import DEFER_FAILED_PAUSE_SECONDS, Handler
 
 TIERS = (1, 5, 15, 30, 60, 120)
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=TIERS)
@@ -364,3 +364,46 @@ def test_the_dispatch_falls_back_to_the_channel_when_naming_a_destination_fails(
     dispatch = FairDispatch(handler, adapter, share, Stop())
     m = worker_message(channel_id=uuid.UUID(int=9))
     assert dispatch.destination(m) == f"channel:{uuid.UUID(int=9)}"
+
+
+# -- Handler.defer --------------------------------------------------------------------------------
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.settled: list[Settle] = []
+
+    def settle(self, delivery_tag: int, how: Settle) -> None:
+        self.settled.append(how)
+
+
+@pytest.mark.parametrize(("seconds", "tier"), [(0.0, 1), (1.0, 1), (4.2, 5), (999.0, 120)])
+async def test_a_deferred_message_goes_to_the_tier_covering_its_wait_at_the_same_attempt(
+    seconds: float, tier: int
+) -> None:
+    store, broker, sink = MemoryDeliveries(), MemoryBroker(), Sink()
+    broker.declare(TOPOLOGY)
+    handler = Handler(store, DestinationsAdapter({}), broker.publish, timeout_seconds=1,
+                      policy=POLICY)  # fmt: skip
+    m = worker_message(3, attempt=2)
+    store.add(m.delivery_id, status="RETRYING", attempt=1)
+    body = encode_message(m)
+    await handler.defer(Incoming(body, "x", 1, False, sink), m, seconds, destination=HUNG)
+    [out] = broker.published
+    assert (out.routing_key, out.body) == (retry_queue("webhook", tier), body)  # unchanged
+    assert sink.settled == [Settle.ACK]
+    assert store.attempts == []  # no attempt, no row
+    assert store.state(m.delivery_id) == store.states[m.delivery_id]  # untouched
+
+
+async def test_a_deferral_the_broker_does_not_take_is_requeued_after_a_pause(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broker, sink = MemoryBroker(), Sink()  # no topology: the tier is not routable
+    handler = Handler(MemoryDeliveries(), DestinationsAdapter({}), broker.publish,
+                      timeout_seconds=1, policy=POLICY)  # fmt: skip
+    m = worker_message(4)
+    start = trio.current_time()
+    await handler.defer(Incoming(encode_message(m), "x", 1, False, sink), m, 1.0, destination=HUNG)
+    assert sink.settled == [Settle.REQUEUE]
+    assert trio.current_time() - start == DEFER_FAILED_PAUSE_SECONDS

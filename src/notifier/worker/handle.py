@@ -148,6 +148,7 @@ class Handler:
         tier = tier_for(seconds, self._policy.tiers_seconds)
         queue = retry_queue(self._type, tier)
         out = Outgoing(RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id))
+        confirm, why = Confirm.UNCONFIRMED, "no confirm in time"
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
             confirm, why = await self._publish_retry(out)
         if confirm is Confirm.CONFIRMED:
