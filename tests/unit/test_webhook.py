@@ -276,26 +276,51 @@ def test_validate_url_allows_private_destinations_when_configured(url: str) -> N
 @pytest.mark.parametrize(
     ("ip", "reason"),
     [
-        ("169.254.169.254", "cloud metadata"),
-        ("169.254.170.2", "container metadata"),
-        ("100.100.100.200", "cloud metadata"),
-        ("fd00:ec2::254", "cloud metadata"),
-        ("::ffff:169.254.169.254", "cloud metadata"),
+        ("169.254.169.254", "cloud metadata"),  # AWS, GCP, Azure, Oracle ... IMDS
+        ("169.254.170.2", "container metadata"),  # ECS task credentials
+        ("169.254.170.23", "container metadata"),  # EKS Pod Identity
+        ("100.100.100.200", "cloud metadata"),  # Alibaba Cloud
+        ("168.63.129.16", "cloud metadata"),  # Azure WireServer (a public address)
+        ("fd00:ec2::254", "cloud metadata"),  # AWS IMDS over IPv6
+        ("fd00:ec2::23", "container metadata"),  # EKS Pod Identity over IPv6
+        ("::ffff:169.254.169.254", "cloud metadata"),  # IPv4-mapped: the IPv4 address
+        ("::ffff:168.63.129.16", "cloud metadata"),
+        ("::ffff:169.254.170.23", "container metadata"),
         ("64:ff9b::a9fe:a9fe", "NAT64 of 169.254.169.254, cloud metadata"),
+        ("64:ff9b::a83f:8110", "NAT64 of 168.63.129.16, cloud metadata"),
+        ("64:ff9b::a9fe:aa17", "NAT64 of 169.254.170.23, container metadata"),
         ("2002:a9fe:a9fe::1", "6to4 of 169.254.169.254, cloud metadata"),
+        ("2002:a83f:8110::", "6to4 of 168.63.129.16, cloud metadata"),
+        ("::a9fe:a9fe", "IPv4-compatible of 169.254.169.254, cloud metadata"),
     ],
 )
-def test_metadata_endpoints_stay_closed_with_private_networks_allowed(ip: str, reason: str) -> None:
+def test_closed_addresses_stay_closed_whatever_the_settings(ip: str, reason: str) -> None:
+    assert check_address(ip, False, ()) == reason
     assert check_address(ip, True, ()) == reason
     literal = f"[{ip}]" if ":" in ip else ip
-    with pytest.raises(InvalidChannelConfig, match=re.escape(reason)):
+    with pytest.raises(InvalidChannelConfig, match=re.escape(reason)) as info:
         validate_url(f"http://{literal}/latest/meta-data", allow_private_networks=True)
-    # only an allowed_cidrs entry holding the address opens it: the operator named it
+    assert "always closed" in str(info.value)
+    # not even an allowed_cidrs entry that names the address exactly opens it
     destination = ipaddress.ip_address(ip)
     if isinstance(destination, ipaddress.IPv6Address) and destination.ipv4_mapped:
-        destination = destination.ipv4_mapped  # what is dialed, and what the entry must hold
-    assert check_address(ip, True, (ipaddress.ip_network(destination),)) is None
-    assert check_address(ip, True, ("10.0.0.0/8",)) == reason
+        destination = destination.ipv4_mapped  # what is dialed
+    for cidrs in [(ipaddress.ip_network(destination),), ("0.0.0.0/0", "::/0")]:
+        assert check_address(ip, True, cidrs) == reason
+        assert check_address(ip, False, cidrs) == reason
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "169.254.169.253",  # beside the metadata endpoint: link-local, opened by the settings
+        "168.63.129.17",  # beside Azure's: an ordinary public address
+        "fd00:ec2::22",  # beside EKS Pod Identity's: unique local
+    ],
+)
+def test_neighbours_of_closed_addresses_follow_the_settings(ip: str) -> None:
+    assert check_address(ip, True, ()) is None
+    assert check_address(ip, False, (ipaddress.ip_network(ip),)) is None
 
 
 @pytest.mark.parametrize(
