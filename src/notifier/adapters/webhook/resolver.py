@@ -9,7 +9,7 @@ pool: a name whose nameserver never answers must not stall anyone else's deliver
   answer (and stops waiting at its own deadline), so a stalled name costs one socket, not a
   thread per delivery;
 - answers kept for their TTL, clamped to 5 to 300 s; a failure (no such name, no address, the
-  nameservers failing or silent for ``timeout_seconds``) kept for 5 s, so deliveries to a dead
+  nameservers failing, or silent for half an attempt's time) kept for 5 s, so deliveries to a dead
   name fail at once meanwhile instead of waiting again; at most 10,000 names (the least
   recently stored go first).
 
@@ -42,6 +42,8 @@ MIN_TTL_SECONDS = 5.0
 MAX_TTL_SECONDS = 300.0
 FAILURE_TTL_SECONDS = 5.0
 MAX_NAMES = 10_000
+# The longest one question may take: half an attempt, and never more than this.
+MAX_QUESTION_SECONDS = 5.0
 
 
 class ResolutionError(OSError):
@@ -253,6 +255,8 @@ def _why(exc: dns.exception.DNSException) -> str:
 
 def dns_resolver(dns_servers: Iterable[str] = (), *, timeout_seconds: float) -> CachingResolver:
     """The resolver of webhooks in production: ``/etc/hosts``, then ``dns_servers`` (or those of
-    ``/etc/resolv.conf``), cached, one question per name at a time, each bounded by
-    ``timeout_seconds``."""
-    return CachingResolver(DnsLookup(dns_servers), timeout_seconds=timeout_seconds)
+    ``/etc/resolv.conf``), cached, one question per name at a time. A question may take half of
+    an attempt's ``timeout_seconds`` (5 s at most): a silent nameserver is then recorded as a
+    failure before any attempt waiting for it runs out, and the other half is the exchange's."""
+    question = min(timeout_seconds / 2, MAX_QUESTION_SECONDS)
+    return CachingResolver(DnsLookup(dns_servers), timeout_seconds=question)
