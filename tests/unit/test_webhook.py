@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import standardwebhooks
+import trio
 
 from notifier.adapters.base import (
     ChannelValidator,
@@ -896,3 +897,66 @@ def test_allowed_cidrs_open_a_literal_at_create() -> None:
     adapter = WebhookChannels(timeout_seconds=5, allow_private_networks=False,
                               allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
     assert adapter.prepare_config({"url": "http://10.0.0.5/hook"})["url"] == "http://10.0.0.5/hook"
+
+
+# -- what a tenant reads about a refused destination --------------------------------------------
+
+
+def answering(addresses: tuple[str, ...]) -> Any:
+    async def resolve(host: str, port: int) -> tuple[str, ...]:
+        await trio.lowlevel.checkpoint()
+        return addresses
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    ("addresses", "allow_private", "text"),
+    [
+        (("10.0.0.7",), False, "internal.example resolves to a private address (set "),
+        (("93.184.216.34", "169.254.169.254"), False,
+         "internal.example resolves to a cloud metadata address (metadata and credential "
+         "endpoints are always closed)"),
+        (("169.254.169.254",), True,
+         "internal.example resolves to a cloud metadata address (metadata"),
+        (("fd00:ec2::23",), True, "internal.example resolves to a container metadata address"),
+        (("64:ff9b::a9fe:a9fe",), True,
+         "internal.example resolves to a cloud metadata (NAT64) address"),
+        (("64:ff9b::a00:7",), False, "internal.example resolves to a private (NAT64) address"),
+    ],
+)  # fmt: skip
+async def test_a_refused_name_is_told_without_the_address_it_resolves_to(
+    addresses: tuple[str, ...], allow_private: bool, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "https://internal.example/hook"
+    validator = WebhookChannels(
+        timeout_seconds=5, allow_private_networks=allow_private, resolver=answering(addresses)
+    )
+    with pytest.raises(InvalidChannelConfig) as created:
+        await validator.check_destination({"url": url})
+    adapter = WebhookAdapter(
+        timeout_seconds=5, allow_private_networks=allow_private, resolver=answering(addresses)
+    )
+    with pytest.raises(PermanentError) as delivered:
+        await adapter.deliver(message(channel_config={"url": url}))
+    for told in (created.value.message, str(delivered.value)):
+        assert told.startswith(f"destination blocked: {text}")
+        for address in addresses:
+            assert address not in told
+        assert "10.0.0.7" not in told  # nor the address a NAT64 form embeds
+        assert "169.254.169.254" not in told
+    # the operator's log has the address, from create and from delivery
+    logged = [r.getMessage() for r in caplog.records if r.name == "notifier.webhook"]
+    assert len(logged) == 2
+    assert all("internal.example resolves to" in line for line in logged)
+    assert all(any(a in line for a in addresses) for line in logged)
+
+
+async def test_a_literal_address_the_tenant_wrote_is_named() -> None:
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=True)
+    with pytest.raises(PermanentError) as info:
+        await adapter.deliver(message(channel_config={"url": "http://168.63.129.16/machine"}))
+    assert str(info.value) == (
+        "destination blocked: 168.63.129.16 is a cloud metadata address (metadata and "
+        "credential endpoints are always closed)"
+    )

@@ -2,8 +2,10 @@
 connections handed out by a fake dialer (its constructor's seam): only the checked addresses are
 dialed, the request carries ``Host`` and ``Content-Length``, an answer is read to its limit and
 the connection then closed, kept-alive connections are reused only when both sides finished the
-exchange and expire, the pool of idle ones is bounded, and every phase has its timeout. Last,
-the adapter's per-channel work: a channel's URL and headers worked out once per value.
+exchange and expire, the pool of idle ones is bounded, every phase ends at the one deadline
+(naming itself) and informational answers are capped. Last, the adapter: a channel's URL and
+headers worked out once per value, one deadline covering resolution and the exchange, and no
+resolved address in a connection error.
 
 The same client against real sockets (TLS, a server that closes an idle connection) is in
 ``tests/integration/test_webhook.py``.

@@ -191,11 +191,10 @@ class WebhookChannels:
         return prepared
 
     async def check_destination(self, config: dict[str, Any]) -> None:
-        """At channel create/patch: refuse a host that resolves to a blocked address now. A
-        host that does not resolve is accepted (its DNS may not be set up yet); every delivery
-        resolves again and fails closed."""
-        if self._rules.allow_private_networks:
-            return
+        """At channel create/patch: refuse a host that resolves to a blocked address now (with
+        private networks allowed, only the always-closed ones are). A host that does not
+        resolve is accepted (its DNS may not be set up yet); every delivery resolves again and
+        fails closed."""
         url = httpx.URL(config["url"])
         host = dial_host(url)
         if literal_address(host) is not None:

@@ -33,7 +33,7 @@ import dns.resolver
 import trio
 
 from notifier.config import nameserver_address
-from notifier.errors import ConfigError
+from notifier.errors import ConfigError, NotifierError
 
 log = logging.getLogger("notifier.webhook")
 
@@ -46,8 +46,9 @@ MAX_NAMES = 10_000
 MAX_QUESTION_SECONDS = 5.0
 
 
-class ResolutionError(OSError):
-    """A name did not resolve; the text says why without naming a nameserver."""
+class ResolutionError(NotifierError, OSError):
+    """A name did not resolve; the text says why without naming a nameserver. An ``OSError``
+    as ``getaddrinfo``'s failures are, so a caller handles both alike."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
