@@ -139,3 +139,16 @@ async def test_channel_create_asks_the_same_nameservers() -> None:
     assert "10.0.0.7" not in str(info.value)
     assert ("internal.test", "A") in server.questions
     assert ("public.test", "A") in server.questions
+
+
+async def test_a_name_that_does_not_exist_is_told_without_the_nameserver() -> None:
+    async with open_dns({}) as server:
+        adapter = WebhookAdapter(
+            timeout_seconds=3, allow_private_networks=True,
+            dns_servers=[f"127.0.0.1:{server.port}"],
+        )  # fmt: skip
+        with trio.fail_after(5), pytest.raises(RetriableError) as info:
+            await adapter.deliver(message("https://nowhere.test/hook"))
+        await adapter.aclose()
+    assert str(info.value) == "could not resolve nowhere.test: no such name"
+    assert str(server.port) not in str(info.value)

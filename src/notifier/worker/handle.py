@@ -103,7 +103,7 @@ class Handler:
         self._timeout = timeout_seconds
         # An adapter that ends its attempts at the timeout itself (and says where) gets a
         # little longer here: this limit is then only the backstop.
-        keeps = isinstance(adapter, KeepsDeadline)
+        keeps = isinstance(adapter, KeepsDeadline) and adapter.keeps_deadline
         self._limit = timeout_seconds + (DEADLINE_BACKSTOP_SECONDS if keeps else 0.0)
         self._policy = policy
         # an observer that raises is skipped: it never changes what happens to a message
