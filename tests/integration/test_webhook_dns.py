@@ -36,6 +36,7 @@ class DnsServer:
 
     records: dict[str, str]
     silent: str = "stall.test"
+    drops_aaaa: frozenset[str] = frozenset()  # names whose AAAA questions go unanswered
     port: int = 0
     questions: list[tuple[str, str]] = field(default_factory=list)
 
@@ -53,6 +54,8 @@ class DnsServer:
                 self.questions.append((name, dns.rdatatype.to_text(question.rdtype)))
                 if name == self.silent or name.endswith(f".{self.silent}"):
                     continue  # a nameserver that never answers
+                if name in self.drops_aaaa and question.rdtype == dns.rdatatype.AAAA:
+                    continue  # one that answers A but drops AAAA (they exist)
                 reply = dns.message.make_response(query)
                 if name not in self.records:
                     reply.set_rcode(dns.rcode.NXDOMAIN)
@@ -64,8 +67,10 @@ class DnsServer:
 
 
 @asynccontextmanager
-async def open_dns(records: dict[str, str]) -> AsyncIterator[DnsServer]:
-    server = DnsServer(records)
+async def open_dns(
+    records: dict[str, str], drops_aaaa: frozenset[str] = frozenset()
+) -> AsyncIterator[DnsServer]:
+    server = DnsServer(records, drops_aaaa=drops_aaaa)
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         yield server
@@ -152,3 +157,21 @@ async def test_a_name_that_does_not_exist_is_told_without_the_nameserver() -> No
         await adapter.aclose()
     assert str(info.value) == "could not resolve nowhere.test: no such name"
     assert str(server.port) not in str(info.value)
+
+
+async def test_a_nameserver_that_drops_aaaa_questions_costs_no_ipv4_address() -> None:
+    records = {"v4only.test": "127.0.0.1"}
+    async with open_dns(records, drops_aaaa=frozenset(records)) as server, open_sink() as sink:
+        adapter = WebhookAdapter(
+            timeout_seconds=3, allow_private_networks=True,
+            dns_servers=[f"127.0.0.1:{server.port}"],
+        )  # fmt: skip
+        start = trio.current_time()
+        with trio.fail_after(5):
+            receipt = await adapter.deliver(message(f"http://v4only.test:{sink.port}/hook"))
+        elapsed = trio.current_time() - start
+        await adapter.aclose()
+    assert receipt is not None
+    assert len(sink.received) == 1
+    assert elapsed < 1.0  # A's answer and a short grace for AAAA, not the question's 1.5 s
+    assert ("v4only.test", "AAAA") in server.questions

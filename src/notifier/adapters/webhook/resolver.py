@@ -44,6 +44,9 @@ FAILURE_TTL_SECONDS = 5.0
 MAX_NAMES = 10_000
 # The longest one question may take: half an attempt, and never more than this.
 MAX_QUESTION_SECONDS = 5.0
+# Once A or AAAA has given addresses, how much longer the other may take (a nameserver that
+# drops AAAA questions must not cost a name its IPv4 addresses).
+SECOND_FAMILY_GRACE_SECONDS = 0.25
 
 
 class ResolutionError(NotifierError, OSError):
@@ -191,7 +194,8 @@ class CachingResolver:
 
 class DnsLookup:
     """A ``Lookup`` that asks nameservers directly with dnspython over trio sockets (no
-    thread): A and AAAA together, the name taken as absolute. Trio-flavoured."""
+    thread): A and AAAA together, the name taken as absolute; once one of them has addresses,
+    the other has ``SECOND_FAMILY_GRACE_SECONDS`` more. Trio-flavoured."""
 
     def __init__(self, nameservers: Iterable[str] = ()) -> None:
         """``nameservers`` as ``workers.webhook.dns_servers`` gives them (``ip`` or
@@ -215,20 +219,23 @@ class DnsLookup:
         answers: list[dns.resolver.Answer] = []
         errors: list[dns.exception.DNSException] = []
 
-        async def ask(rdtype: str) -> None:
+        async def ask(rdtype: str, scope: trio.CancelScope) -> None:
             try:
-                answers.append(
-                    await self._resolver.resolve(
-                        f"{name}.", rdtype, search=False, raise_on_no_answer=False,
-                        backend=self._backend,
-                    )
+                answer = await self._resolver.resolve(
+                    f"{name}.", rdtype, search=False, raise_on_no_answer=False,
+                    backend=self._backend,
                 )  # fmt: skip
             except dns.exception.DNSException as exc:
                 errors.append(exc)
+                return
+            answers.append(answer)
+            if answer.rrset is not None:
+                grace = trio.current_time() + SECOND_FAMILY_GRACE_SECONDS
+                scope.deadline = min(scope.deadline, grace)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask, "A")
-            nursery.start_soon(ask, "AAAA")
+            nursery.start_soon(ask, "A", nursery.cancel_scope)
+            nursery.start_soon(ask, "AAAA", nursery.cancel_scope)
         addresses = tuple(
             dict.fromkeys(
                 str(rdata.address)
