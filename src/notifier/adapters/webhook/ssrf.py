@@ -1,7 +1,7 @@
 """The SSRF guard of webhooks (docs/architecture.md §9): the table of blocked addresses, the checks
 of a URL that need no network (literal addresses in any notation, IDNA-mapped hosts, loopback
-names), and the rules a destination is judged by (``NetworkRules``, with the resolver:
-``resolver``).
+names), the always-closed metadata endpoints, what a tenant is told about a refusal, and the
+rules a destination is judged by (``NetworkRules``; names are resolved by ``resolver``).
 
 Every delivery resolves the host itself and checks every address with ``check_address``; the
 checked addresses are then the only ones dialed (``client.WebhookClient``).
