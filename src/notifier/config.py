@@ -248,6 +248,9 @@ class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
     allowed_cidrs: tuple[str, ...] = ()
     # After a channel's secret changes, the previous one keeps signing alongside it this long.
     secret_rotation_grace_seconds: NonNegativeFloat = 86_400.0
+    # The nameservers webhook hosts are resolved with (`ip` or `ip:port`, `[ipv6]:port`);
+    # empty: those of /etc/resolv.conf. /etc/hosts is read first either way.
+    dns_servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -256,6 +259,26 @@ class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
                 ipaddress.ip_network(cidr, strict=True)
             except ValueError as exc:
                 raise key_error(f"allowed_cidrs[{i}]", str(exc)) from exc
+        for i, server in enumerate(self.dns_servers):
+            try:
+                nameserver_address(server)
+            except ValueError as exc:
+                raise key_error(f"dns_servers[{i}]", str(exc)) from exc
+
+
+def nameserver_address(text: str) -> tuple[str, int]:
+    """A ``workers.webhook.dns_servers`` entry as ``(ip, port)``: ``192.0.2.53``,
+    ``192.0.2.53:5353``, ``2001:db8::53`` or ``[2001:db8::53]:5353`` (port 53 by default)."""
+    host, port = text, "53"
+    if m := re.fullmatch(r"\[([^\]]+)\]:(\d{1,5})|([^:\[\]]+):(\d{1,5})", text):
+        host, port = m[1] or m[3], m[2] or m[4]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"must be an IP address, optionally with :PORT, got {text!r}") from None
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port must be 1-65535, got {text!r}")
+    return str(address), int(port)
 
 
 class EmailWorkersConfig(WorkerGroupConfig, frozen=True):

@@ -158,6 +158,11 @@ def test_a_wrong_type_is_refused_with_its_path(data: dict[str, Any], path: str) 
         # networks opened to webhooks are CIDRs: the message names the entry
         ({"workers": {"webhook": {"allowed_cidrs": ["10.0.0.0/8", "10.1.2.3/8"]}}},
          "workers.webhook.allowed_cidrs[1]", "has host bits set"),
+        # nameservers are addresses (a name would need a nameserver of its own)
+        ({"workers": {"webhook": {"dns_servers": ["192.0.2.53", "ns1.example"]}}},
+         "workers.webhook.dns_servers[1]", "must be an IP address"),
+        ({"workers": {"webhook": {"dns_servers": ["192.0.2.53:70000"]}}},
+         "workers.webhook.dns_servers[0]", "port must be 1-65535"),
         # bind is HOST:PORT
         ({"ingest": {"bind": "8080"}}, "ingest.bind", "HOST:PORT"),
         ({"ingest": {"bind": "localhost:"}}, "ingest.bind", "HOST:PORT"),

@@ -35,6 +35,7 @@ from notifier.testing.buckets import MemoryBuckets
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.group import outcome_observers
 from notifier.worker.handle import (
+    DEADLINE_BACKSTOP_SECONDS,
     RETRY_PUBLISH_TIMEOUT_SECONDS,
     STORE_UNAVAILABLE_PAUSE_SECONDS,
     Handler,
@@ -938,6 +939,46 @@ async def test_an_adapter_slower_than_the_timeout_is_retried_from_the_timeout(
     assert "timed out" in row.error
     assert "10" in row.error
     assert rig.store.state(m.delivery_id) == DeliveryState("RETRYING", 1)
+
+
+class DeadlineKeeper(RecordingAdapter):
+    """An adapter that ends its attempts itself at ``ends_at`` (``KeepsDeadline``), with an
+    error of its own, or overruns when ``ends_at`` is None."""
+
+    keeps_deadline = True
+
+    def __init__(self, ends_at: float | None) -> None:
+        super().__init__("webhook")
+        self.ends_at = ends_at
+
+    async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        if self.ends_at is None:
+            await trio.sleep_forever()
+        await trio.sleep_until(self.ends_at)
+        raise RetriableError("timed out after 10 s waiting for the answer")
+
+
+async def test_an_adapter_keeping_its_deadline_has_its_own_error_recorded(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(DeadlineKeeper(ends_at=TIMEOUT))  # exactly when a plain adapter is cut
+    m = message()
+    rig.store.add(m.delivery_id)
+    assert await rig.handle(m) is Settle.ACK
+    [row] = rig.store.attempts
+    assert row.error == "timed out after 10 s waiting for the answer"
+
+
+async def test_an_adapter_keeping_its_deadline_is_still_cut_by_the_backstop(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(DeadlineKeeper(ends_at=None))
+    m = message()
+    rig.store.add(m.delivery_id)
+    assert await rig.handle(m) is Settle.ACK
+    assert trio.current_time() == TIMEOUT + DEADLINE_BACKSTOP_SECONDS
+    [row] = rig.store.attempts
+    assert row.error == f"timed out after {TIMEOUT:g} s"
 
 
 async def test_a_timeout_on_the_last_attempt_is_dead(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import standardwebhooks
+import trio
 
 from notifier.adapters.base import (
     ChannelValidator,
@@ -276,26 +277,51 @@ def test_validate_url_allows_private_destinations_when_configured(url: str) -> N
 @pytest.mark.parametrize(
     ("ip", "reason"),
     [
-        ("169.254.169.254", "cloud metadata"),
-        ("169.254.170.2", "container metadata"),
-        ("100.100.100.200", "cloud metadata"),
-        ("fd00:ec2::254", "cloud metadata"),
-        ("::ffff:169.254.169.254", "cloud metadata"),
+        ("169.254.169.254", "cloud metadata"),  # AWS, GCP, Azure, Oracle ... IMDS
+        ("169.254.170.2", "container metadata"),  # ECS task credentials
+        ("169.254.170.23", "container metadata"),  # EKS Pod Identity
+        ("100.100.100.200", "cloud metadata"),  # Alibaba Cloud
+        ("168.63.129.16", "cloud metadata"),  # Azure WireServer (a public address)
+        ("fd00:ec2::254", "cloud metadata"),  # AWS IMDS over IPv6
+        ("fd00:ec2::23", "container metadata"),  # EKS Pod Identity over IPv6
+        ("::ffff:169.254.169.254", "cloud metadata"),  # IPv4-mapped: the IPv4 address
+        ("::ffff:168.63.129.16", "cloud metadata"),
+        ("::ffff:169.254.170.23", "container metadata"),
         ("64:ff9b::a9fe:a9fe", "NAT64 of 169.254.169.254, cloud metadata"),
+        ("64:ff9b::a83f:8110", "NAT64 of 168.63.129.16, cloud metadata"),
+        ("64:ff9b::a9fe:aa17", "NAT64 of 169.254.170.23, container metadata"),
         ("2002:a9fe:a9fe::1", "6to4 of 169.254.169.254, cloud metadata"),
+        ("2002:a83f:8110::", "6to4 of 168.63.129.16, cloud metadata"),
+        ("::a9fe:a9fe", "IPv4-compatible of 169.254.169.254, cloud metadata"),
     ],
 )
-def test_metadata_endpoints_stay_closed_with_private_networks_allowed(ip: str, reason: str) -> None:
+def test_closed_addresses_stay_closed_whatever_the_settings(ip: str, reason: str) -> None:
+    assert check_address(ip, False, ()) == reason
     assert check_address(ip, True, ()) == reason
     literal = f"[{ip}]" if ":" in ip else ip
-    with pytest.raises(InvalidChannelConfig, match=re.escape(reason)):
+    with pytest.raises(InvalidChannelConfig, match=re.escape(reason)) as info:
         validate_url(f"http://{literal}/latest/meta-data", allow_private_networks=True)
-    # only an allowed_cidrs entry holding the address opens it: the operator named it
+    assert "always closed" in str(info.value)
+    # not even an allowed_cidrs entry that names the address exactly opens it
     destination = ipaddress.ip_address(ip)
     if isinstance(destination, ipaddress.IPv6Address) and destination.ipv4_mapped:
-        destination = destination.ipv4_mapped  # what is dialed, and what the entry must hold
-    assert check_address(ip, True, (ipaddress.ip_network(destination),)) is None
-    assert check_address(ip, True, ("10.0.0.0/8",)) == reason
+        destination = destination.ipv4_mapped  # what is dialed
+    for cidrs in [(ipaddress.ip_network(destination),), ("0.0.0.0/0", "::/0")]:
+        assert check_address(ip, True, cidrs) == reason
+        assert check_address(ip, False, cidrs) == reason
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "169.254.169.253",  # beside the metadata endpoint: link-local, opened by the settings
+        "168.63.129.17",  # beside Azure's: an ordinary public address
+        "fd00:ec2::22",  # beside EKS Pod Identity's: unique local
+    ],
+)
+def test_neighbours_of_closed_addresses_follow_the_settings(ip: str) -> None:
+    assert check_address(ip, True, ()) is None
+    assert check_address(ip, False, (ipaddress.ip_network(ip),)) is None
 
 
 @pytest.mark.parametrize(
@@ -871,3 +897,66 @@ def test_allowed_cidrs_open_a_literal_at_create() -> None:
     adapter = WebhookChannels(timeout_seconds=5, allow_private_networks=False,
                               allowed_cidrs=["10.0.0.0/8"])  # fmt: skip
     assert adapter.prepare_config({"url": "http://10.0.0.5/hook"})["url"] == "http://10.0.0.5/hook"
+
+
+# -- what a tenant reads about a refused destination --------------------------------------------
+
+
+def answering(addresses: tuple[str, ...]) -> Any:
+    async def resolve(host: str, port: int) -> tuple[str, ...]:
+        await trio.lowlevel.checkpoint()
+        return addresses
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    ("addresses", "allow_private", "text"),
+    [
+        (("10.0.0.7",), False, "internal.example resolves to a private address (set "),
+        (("93.184.216.34", "169.254.169.254"), False,
+         "internal.example resolves to a cloud metadata address (metadata and credential "
+         "endpoints are always closed)"),
+        (("169.254.169.254",), True,
+         "internal.example resolves to a cloud metadata address (metadata"),
+        (("fd00:ec2::23",), True, "internal.example resolves to a container metadata address"),
+        (("64:ff9b::a9fe:a9fe",), True,
+         "internal.example resolves to a cloud metadata (NAT64) address"),
+        (("64:ff9b::a00:7",), False, "internal.example resolves to a private (NAT64) address"),
+    ],
+)  # fmt: skip
+async def test_a_refused_name_is_told_without_the_address_it_resolves_to(
+    addresses: tuple[str, ...], allow_private: bool, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "https://internal.example/hook"
+    validator = WebhookChannels(
+        timeout_seconds=5, allow_private_networks=allow_private, resolver=answering(addresses)
+    )
+    with pytest.raises(InvalidChannelConfig) as created:
+        await validator.check_destination({"url": url})
+    adapter = WebhookAdapter(
+        timeout_seconds=5, allow_private_networks=allow_private, resolver=answering(addresses)
+    )
+    with pytest.raises(PermanentError) as delivered:
+        await adapter.deliver(message(channel_config={"url": url}))
+    for told in (created.value.message, str(delivered.value)):
+        assert told.startswith(f"destination blocked: {text}")
+        for address in addresses:
+            assert address not in told
+        assert "10.0.0.7" not in told  # nor the address a NAT64 form embeds
+        assert "169.254.169.254" not in told
+    # the operator's log has the address, from create and from delivery
+    logged = [r.getMessage() for r in caplog.records if r.name == "notifier.webhook"]
+    assert len(logged) == 2
+    assert all("internal.example resolves to" in line for line in logged)
+    assert all(any(a in line for a in addresses) for line in logged)
+
+
+async def test_a_literal_address_the_tenant_wrote_is_named() -> None:
+    adapter = WebhookAdapter(timeout_seconds=5, allow_private_networks=True)
+    with pytest.raises(PermanentError) as info:
+        await adapter.deliver(message(channel_config={"url": "http://168.63.129.16/machine"}))
+    assert str(info.value) == (
+        "destination blocked: 168.63.129.16 is a cloud metadata address (metadata and "
+        "credential endpoints are always closed)"
+    )

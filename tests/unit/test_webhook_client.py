@@ -2,8 +2,10 @@
 connections handed out by a fake dialer (its constructor's seam): only the checked addresses are
 dialed, the request carries ``Host`` and ``Content-Length``, an answer is read to its limit and
 the connection then closed, kept-alive connections are reused only when both sides finished the
-exchange and expire, the pool of idle ones is bounded, and every phase has its timeout. Last,
-the adapter's per-channel work: a channel's URL and headers worked out once per value.
+exchange and expire, the pool of idle ones is bounded, every phase ends at the one deadline
+(naming itself) and informational answers are capped. Last, the adapter: a channel's URL and
+headers worked out once per value, one deadline covering resolution and the exchange, and no
+resolved address in a connection error.
 
 The same client against real sockets (TLS, a server that closes an idle connection) is in
 ``tests/integration/test_webhook.py``.
@@ -19,8 +21,15 @@ import pytest
 import trio
 
 from notifier.adapters.webhook.adapter import ENDPOINTS_KEPT, WebhookAdapter
-from notifier.adapters.webhook.client import Answer, Origin, WebhookClient
-from notifier.errors import PermanentError
+from notifier.adapters.webhook.client import (
+    MAX_INFORMATIONAL,
+    PHASES,
+    Answer,
+    Origin,
+    WebhookClient,
+)
+from notifier.errors import PermanentError, RetriableError
+from notifier.testing import worker_message
 
 ORIGIN = Origin("http", "hook.example", 8080)
 ADDRESS = "93.184.216.34"
@@ -350,16 +359,97 @@ async def test_a_tls_handshake_that_stalls_times_out_and_closes_the_connection(
     assert c.idle_connections == 0
 
 
-async def test_each_read_has_the_timeout_not_the_whole_answer(autojump_clock: Any) -> None:
-    class Slow(ScriptedStream):
-        async def receive_some(self, max_bytes: int | None = None) -> bytes:
-            await trio.sleep(2)  # each read within the timeout, all of them well past it
-            return await super().receive_some(max_bytes)
+class Dripping(ScriptedStream):
+    """A server that sends its answer a chunk every ``every`` seconds."""
 
+    every = 2.0
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.sleep(self.every)
+        return await super().receive_some(max_bytes)
+
+
+async def test_the_whole_answer_has_one_deadline(autojump_clock: Any) -> None:
+    # each read comes within 3 s; all of them together would take 12 s
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: 20000\r\n\r\n" + b"x" * 20000
-    dialer = ScriptedDialer(lambda: Slow([answer]))
+    dialer = ScriptedDialer(lambda: Dripping([answer]))
     c = client(dialer, timeout_seconds=3.0, max_body_bytes=64 * 1024)
-    assert (await post(c)).status == 200
+    start = trio.current_time()
+    with pytest.raises(httpx.ReadTimeout, match=r"^reading the answer's body$"):
+        await post(c)
+    assert trio.current_time() - start == 3.0
+    assert dialer.streams[0].closed
+
+
+@pytest.mark.parametrize(
+    ("phase", "dialer", "origin"),
+    [
+        ("connect", ScriptedDialer(hang_at=frozenset({ADDRESS})), ORIGIN),
+        (
+            "tls",  # no ServerHello
+            ScriptedDialer(lambda: ScriptedStream([], hang="receive")),
+            Origin("https", "hook.example", 443),
+        ),
+        ("write", ScriptedDialer(lambda: ScriptedStream([OK], hang="send")), ORIGIN),
+        ("read", ScriptedDialer(lambda: ScriptedStream([OK], hang="receive")), ORIGIN),
+        (
+            "body",
+            ScriptedDialer(lambda: Dripping([b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nx"])),
+            ORIGIN,
+        ),
+    ],
+)
+async def test_the_deadline_given_ends_every_phase_and_names_it(
+    autojump_clock: Any, phase: str, dialer: ScriptedDialer, origin: Origin
+) -> None:
+    c = client(dialer, timeout_seconds=60.0)  # the deadline given rules, not the timeout
+    deadline = trio.current_time() + 2.5
+    headers = [("host", "hook.example"), ("content-length", "2")]
+    with pytest.raises(httpx.TimeoutException) as info:
+        await c.post(origin, (ADDRESS,), b"/", headers, b"{}", deadline=deadline)
+    assert str(info.value) == PHASES[phase]
+    assert trio.current_time() == deadline
+    assert all(stream.closed for stream in dialer.streams)
+    assert c.idle_connections == 0
+
+
+PROCESSING = b"HTTP/1.1 102 Processing\r\n\r\n"
+
+
+async def test_informational_answers_up_to_the_cap_are_read_past() -> None:
+    dialer = ScriptedDialer(lambda: ScriptedStream([PROCESSING * MAX_INFORMATIONAL + OK]))
+    answer = await post(client(dialer))
+    assert (answer.status, answer.excerpt) == (200, b"ok")
+
+
+async def test_an_endless_stream_of_informational_answers_is_cut_at_the_cap(
+    autojump_clock: Any,
+) -> None:
+    class Processing(ScriptedStream):
+        async def receive_some(self, max_bytes: int | None = None) -> bytes:
+            await trio.lowlevel.checkpoint()
+            self.served += 1
+            return PROCESSING  # for ever, never a final answer
+
+    dialer = ScriptedDialer(lambda: Processing([]))
+    c = client(dialer, timeout_seconds=10.0)
+    start = trio.current_time()
+    with pytest.raises(httpx.RemoteProtocolError, match="more than 10 informational"):
+        await post(c)
+    assert trio.current_time() == start  # not read until the deadline
+    assert dialer.streams[0].served == MAX_INFORMATIONAL + 1
+    assert dialer.streams[0].closed
+
+
+async def test_each_address_gets_an_equal_share_of_the_time_left(autojump_clock: Any) -> None:
+    first, second, third = "93.184.216.34", "93.184.216.35", "93.184.216.36"
+    dialer = ScriptedDialer(hang_at=frozenset({first, second}))
+    c = client(dialer, timeout_seconds=3.0)
+    start = trio.current_time()
+    assert (await post(c, addresses=(first, second, third))).status == 200
+    # 3 s among three: 1 s for the first; then 2 s left among two: 1 s for the second
+    assert trio.current_time() - start == pytest.approx(2.0)
+    assert [host for host, _ in dialer.dialed] == [first, second, third]
     await c.aclose()
 
 
@@ -369,7 +459,7 @@ async def test_a_dial_that_hangs_times_out_and_the_next_address_is_tried(
     slow, fast = "93.184.216.34", "93.184.216.35"
     dialer = ScriptedDialer(hang_at=frozenset({slow}))
     c = client(dialer, timeout_seconds=3.0)
-    with pytest.raises(httpx.ConnectTimeout):
+    with pytest.raises(httpx.ConnectTimeout, match=r"^connecting$"):
         await post(c, addresses=(slow,))
     assert (await post(c, addresses=(slow, fast))).status == 200
     assert dialer.dialed == [(slow, 8080), (slow, 8080), (fast, 8080)]
@@ -416,3 +506,90 @@ def test_a_config_that_cannot_be_sent_is_refused_every_time() -> None:
         for _ in range(2):  # a refusal is not kept as an endpoint
             with pytest.raises(PermanentError):
                 adapter.endpoint(config)
+
+
+# -- the adapter: one deadline per attempt ------------------------------------------------------
+
+
+def slow_resolver(seconds: float, addresses: tuple[str, ...] = (ADDRESS,)) -> Any:
+    async def resolve(host: str, port: int) -> tuple[str, ...]:
+        await trio.sleep(seconds)
+        return addresses
+
+    return resolve
+
+
+def adapter_with(resolver: Any, dialer: ScriptedDialer) -> WebhookAdapter:
+    return WebhookAdapter(
+        timeout_seconds=3, allow_private_networks=False, resolver=resolver, dialer=dialer
+    )
+
+
+HOOK = worker_message(channel_config={"url": "http://hook.example:8080/hook", "secret": None})
+
+
+async def test_resolution_that_stalls_ends_at_the_attempts_deadline(autojump_clock: Any) -> None:
+    dialer = ScriptedDialer()
+    adapter = adapter_with(slow_resolver(3600), dialer)
+    with pytest.raises(
+        RetriableError, match=r"^could not resolve hook\.example: timed out after 3 s$"
+    ):
+        await adapter.deliver(HOOK)
+    assert trio.current_time() == 3.0
+    assert dialer.dialed == []
+
+
+async def test_the_deadline_covers_resolution_and_the_exchange_together(
+    autojump_clock: Any,
+) -> None:
+    # 2 s to resolve, then an answer that never comes: cut 1 s later, not 3 s
+    dialer = ScriptedDialer(lambda: ScriptedStream([], hang="receive"))
+    adapter = adapter_with(slow_resolver(2), dialer)
+    with pytest.raises(RetriableError) as info:
+        await adapter.deliver(HOOK)
+    assert str(info.value) == "timed out after 3 s waiting for the answer"
+    assert trio.current_time() == 3.0
+    await adapter.aclose()
+
+
+async def test_an_answer_within_the_deadline_is_delivered(autojump_clock: Any) -> None:
+    adapter = adapter_with(slow_resolver(2), ScriptedDialer())
+    receipt = await adapter.deliver(HOOK)
+    assert receipt is not None
+    assert receipt.status_code == 200
+    await adapter.aclose()
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        # as trio words a refused connect: the address is in the text, the errno says it all
+        (
+            lambda host, port: OSError(111, f"Error connecting to ({host!r}, {port}): refused"),
+            "connection failed: ConnectError: ConnectionRefusedError: Connection refused",
+        ),
+        # a text with the address and no errno: the adapter scrubs the resolved addresses
+        (
+            lambda host, port: OSError(f"all attempts to connect to {host}:{port} failed"),
+            "connection failed: ConnectError: OSError: all attempts to connect to "
+            "[redacted]:8080 failed",
+        ),
+    ],
+)
+async def test_a_connection_error_names_no_resolved_address(error: Any, expected: str) -> None:
+    class Refusing(ScriptedDialer):
+        async def __call__(self, host: str, port: int) -> trio.abc.Stream:
+            await trio.lowlevel.checkpoint()
+            self.dialed.append((host, port))
+            raise error(host, port)
+
+    internal = "10.20.30.40"
+    dialer = Refusing()
+    adapter = WebhookAdapter(
+        timeout_seconds=3, allow_private_networks=True, dialer=dialer,
+        resolver=slow_resolver(0, (internal,)),
+    )  # fmt: skip
+    with pytest.raises(RetriableError) as info:
+        await adapter.deliver(HOOK)
+    assert dialer.dialed == [(internal, 8080)]
+    assert str(info.value) == expected

@@ -53,6 +53,16 @@ class Adapter(Protocol):
 
 
 @runtime_checkable
+class KeepsDeadline(Protocol):
+    """Optional: an adapter whose every attempt ends at the worker group's ``timeout_seconds``
+    by itself, its error naming the phase that ran out (the webhook's: resolution, connect, TLS,
+    request, answer, body). The worker's own limit on the call is then a backstop, a little
+    later, so that the adapter's error is the one recorded."""
+
+    keeps_deadline: bool
+
+
+@runtime_checkable
 class UpdatesConfig(Protocol):
     """Optional: a validator whose PATCH needs the stored config (e.g. a webhook secret rotation
     keeps the replaced secret). Without it, a PATCH calls ``prepare_config`` alone."""

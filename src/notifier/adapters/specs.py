@@ -42,6 +42,7 @@ def _webhook_validator(settings: WebhookWorkersConfig) -> ChannelValidator:
         allow_private_networks=settings.allow_private_networks,
         allowed_cidrs=settings.allowed_cidrs,
         secret_rotation_grace_seconds=settings.secret_rotation_grace_seconds,
+        dns_servers=settings.dns_servers,
     )
 
 
@@ -50,6 +51,7 @@ def _webhook_deliverer(settings: WebhookWorkersConfig, _environ: Mapping[str, st
         timeout_seconds=settings.timeout_seconds,
         allow_private_networks=settings.allow_private_networks,
         allowed_cidrs=settings.allowed_cidrs,
+        dns_servers=settings.dns_servers,
     )
 
 

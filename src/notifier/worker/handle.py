@@ -29,7 +29,7 @@ from typing import Protocol
 import msgspec
 import trio
 
-from notifier.adapters.base import Adapter, RateLimiter
+from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
@@ -53,6 +53,8 @@ RETRY_PUBLISH_TIMEOUT_SECONDS = 6.0
 STORE_UNAVAILABLE_PAUSE_SECONDS = 5.0
 # A deferral whose copy the broker did not take: the original is held this long, then requeued.
 DEFER_FAILED_PAUSE_SECONDS = 1.0
+# How much later than the timeout the call of a ``KeepsDeadline`` adapter is cut.
+DEADLINE_BACKSTOP_SECONDS = 1.0
 
 Publish = Callable[[Outgoing], Awaitable[Confirm]]
 
@@ -101,6 +103,10 @@ class Handler:
         self._refusals = Refusals()  # refused takes, answered again here until their time
         self._publish = publish
         self._timeout = timeout_seconds
+        # An adapter that ends its attempts at the timeout itself (and says where) gets a
+        # little longer here: this limit is then only the backstop.
+        keeps = isinstance(adapter, KeepsDeadline) and adapter.keeps_deadline
+        self._limit = timeout_seconds + (DEADLINE_BACKSTOP_SECONDS if keeps else 0.0)
         self._policy = policy
         # an observer that raises is skipped: it never changes what happens to a message
         if not isinstance(observer, Observers):
@@ -298,7 +304,7 @@ class Handler:
                     result=Result.RETRIABLE, rate_limit_wait=wait,
                     error=f"rate limited: wait {wait:.3g} s", called=False,
                 )  # fmt: skip
-            with trio.fail_after(self._timeout):
+            with trio.fail_after(self._limit):
                 receipt = await self._adapter.deliver(message)
         except StoreError:
             raise  # the buckets could not be read: handled like any store failure

@@ -3,7 +3,8 @@
 - ``signing``: secrets, signatures, the envelope of an attempt, secret rotation;
 - ``headers``: the rule for a channel's custom headers, and keeping their values and the
   secrets out of errors;
-- ``ssrf``: the table of blocked addresses, the URL checks that need no network, resolution;
+- ``ssrf``: the table of blocked addresses, the URL checks that need no network;
+- ``resolver``: host names to addresses without threads (``/etc/hosts``, then DNS), cached;
 - ``client``: the HTTP/1.1 client (h11 over trio), which dials only the checked addresses and
   reads an answer with a bound;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;

@@ -8,7 +8,14 @@ SSRF guard (docs/architecture.md §9): every delivery resolves the host itself, 
 with ``check_address`` and hands the checked addresses to the HTTP client with the request; it
 dials only those (``client.WebhookClient``), so there is no second resolution that could answer
 differently. The URL is left as it is, so the ``Host`` header, TLS SNI and certificate
-verification are all for the hostname.
+verification are all for the hostname. Names are resolved by ``resolver.CachingResolver``
+(``/etc/hosts``, then DNS asked directly: no thread), unless a resolver is given.
+
+One deadline per attempt: ``timeout_seconds`` from the start of ``deliver`` covers resolution,
+the connect, TLS, the request, every informational answer and the body; its error names the
+phase it cut (``timed out after 10 s waiting for the answer``). The worker's own limit on the
+call is only a backstop (``KeepsDeadline``). What a tenant reads never names an address a host
+name resolved to (the operator's log does).
 
 What does not change between attempts of a channel (its URL parsed, its custom headers checked,
 a literal address's verdict) is worked out once per distinct URL and headers (``Endpoint``).
@@ -29,6 +36,7 @@ from notifier.adapters.base import Receipt
 from notifier.adapters.webhook.answers import classify, transport_error
 from notifier.adapters.webhook.client import Dialer, Origin, WebhookClient
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
+from notifier.adapters.webhook.resolver import dns_resolver
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (
     NetworkRules,
@@ -37,7 +45,7 @@ from notifier.adapters.webhook.ssrf import (
     default_port,
     dial_host,
     literal_address,
-    system_resolver,
+    log_blocked,
 )
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
@@ -63,6 +71,7 @@ class Endpoint:
 
 class WebhookAdapter:
     channel_type = "webhook"
+    keeps_deadline = True  # KeepsDeadline: each attempt ends at timeout_seconds by itself
 
     def __init__(
         self,
@@ -70,16 +79,22 @@ class WebhookAdapter:
         timeout_seconds: float,
         allow_private_networks: bool,
         allowed_cidrs: Iterable[str] = (),
-        resolver: Resolver = system_resolver,
+        dns_servers: Iterable[str] = (),
+        resolver: Resolver | None = None,
         dialer: Dialer | None = None,
         ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``resolver``, ``dialer`` (what a connection to a checked address is opened with)
-        and ``ssl_context`` are for tests and embedding; ``clock`` gives epoch seconds."""
+        """``dns_servers``: the nameservers (``ip`` or ``ip:port``; those of /etc/resolv.conf
+        when empty). ``resolver`` (replaces them), ``dialer`` (what a connection to a checked
+        address is opened with) and ``ssl_context`` are for tests and embedding; ``clock``
+        gives epoch seconds."""
+        if resolver is None:
+            resolver = dns_resolver(dns_servers, timeout_seconds=timeout_seconds)
         self._rules = NetworkRules.of(
             timeout_seconds, allow_private_networks, allowed_cidrs, resolver
         )
+        self._timeout = timeout_seconds
         self._clock = clock
         self._client = WebhookClient(
             timeout_seconds=timeout_seconds, dialer=dialer, ssl_context=ssl_context,
@@ -91,11 +106,11 @@ class WebhookAdapter:
 
     # -- delivery (workers) --
 
-    async def _resolved_and_checked(self, origin: Origin) -> tuple[str, ...]:
-        """Resolve the origin's host name and check every address; ``RetriableError`` if it
-        does not resolve, ``PermanentError`` if any address is blocked. (A literal address is
-        checked once per channel config, in ``endpoint``.)"""
-        addresses = await self._resolve(origin.host, origin.port)
+    async def _resolved_and_checked(self, origin: Origin, deadline: float) -> tuple[str, ...]:
+        """Resolve the origin's host name by ``deadline`` and check every address;
+        ``RetriableError`` if it does not resolve, ``PermanentError`` if any address is
+        blocked. (A literal address is checked once per channel config, in ``endpoint``.)"""
+        addresses = await self._resolve(origin.host, origin.port, deadline)
         self._check(origin.host, addresses, resolved=True)
         return addresses
 
@@ -113,13 +128,17 @@ class WebhookAdapter:
 
     def _check(self, host: str, addresses: tuple[str, ...], *, resolved: bool) -> None:
         if (blocked := self._rules.first_blocked(addresses)) is not None:
+            if resolved:
+                log_blocked(host, *blocked, at="delivery")
             raise PermanentError(blocked_message(host, *blocked, resolved=resolved))
 
-    async def _resolve(self, host: str, port: int) -> tuple[str, ...]:
+    async def _resolve(self, host: str, port: int, deadline: float) -> tuple[str, ...]:
         try:
-            addresses = await self._rules.resolve(host, port)
+            addresses = await self._rules.resolve(host, port, deadline=deadline)
         except trio.TooSlowError as exc:
-            raise RetriableError(f"could not resolve {host}: timed out") from exc
+            raise RetriableError(
+                f"could not resolve {host}: timed out after {self._timeout:g} s"
+            ) from exc
         except OSError as exc:
             raise RetriableError(f"could not resolve {host}: {exc}") from exc
         if not addresses:
@@ -179,22 +198,31 @@ class WebhookAdapter:
         return f"{origin.scheme}://{host}:{origin.port}"
 
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
+        """One attempt, all of it within ``timeout_seconds`` (the module docstring).
+        Trio-flavoured."""
+        deadline = trio.current_time() + self._timeout
         cfg = message.channel_config
         end = self.endpoint(cfg)
         origin = end.origin
-        addresses = end.literal or await self._resolved_and_checked(origin)
+        addresses = end.literal or await self._resolved_and_checked(origin, deadline)
         now = self._clock()
         secrets = signing_secrets(cfg, now)
         headers, body = build_request(message, secrets, end.custom, int(now))
         fields = [("host", end.host_header), ("content-length", str(len(body))), *headers.items()]
         failure: Exception | None = None
         try:
-            answer = await self._client.post(origin, addresses, end.target, fields, body)
+            answer = await self._client.post(
+                origin, addresses, end.target, fields, body, deadline=deadline
+            )
+        except httpx.TimeoutException as exc:  # the deadline: the client names the phase
+            failure = RetriableError(f"timed out after {self._timeout:g} s {exc}")
         except Exception as exc:
-            # Scrubbed of what the error could quote: the custom header values, the signature.
+            # Scrubbed of what the error could quote: the custom header values, the signature;
+            # and of the addresses a name resolved to (the client's texts name none: a net).
             signature = headers.get("webhook-signature", "")
             quoted = request_secrets({**end.custom, "webhook-signature": signature}, secrets)
-            failure = transport_error(exc, quoted)
+            resolved = addresses if end.literal is None else ()
+            failure = transport_error(exc, [*quoted, *resolved])
         if failure is not None:
             raise failure
         excerpt = answer.excerpt.decode("utf-8", "ignore")  # never over EXCERPT_BYTES

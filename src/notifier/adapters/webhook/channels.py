@@ -16,6 +16,7 @@ import trio
 
 from notifier.adapters.base import InvalidChannelConfig
 from notifier.adapters.webhook.headers import RESERVED_HEADERS, headers_problem
+from notifier.adapters.webhook.resolver import dns_resolver
 from notifier.adapters.webhook.signing import (
     ROTATION_FIELDS,
     SECRET_PREFIX,
@@ -30,7 +31,7 @@ from notifier.adapters.webhook.ssrf import (
     default_port,
     dial_host,
     literal_address,
-    system_resolver,
+    log_blocked,
     validate_url,
 )
 from notifier.validation import describe, whole
@@ -131,10 +132,15 @@ class WebhookChannels:
         allow_private_networks: bool,
         allowed_cidrs: Iterable[str] = (),
         secret_rotation_grace_seconds: float = 86_400.0,
-        resolver: Resolver = system_resolver,
+        dns_servers: Iterable[str] = (),
+        resolver: Resolver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``resolver`` is for tests and embedding; ``clock`` gives epoch seconds."""
+        """``dns_servers`` as the deliverer's (``WebhookAdapter``): a name is resolved at
+        create as it will be at delivery. ``resolver`` (replaces them) is for tests and
+        embedding; ``clock`` gives epoch seconds."""
+        if resolver is None:
+            resolver = dns_resolver(dns_servers, timeout_seconds=timeout_seconds)
         self._rules = NetworkRules.of(
             timeout_seconds, allow_private_networks, allowed_cidrs, resolver
         )
@@ -185,11 +191,10 @@ class WebhookChannels:
         return prepared
 
     async def check_destination(self, config: dict[str, Any]) -> None:
-        """At channel create/patch: refuse a host that resolves to a blocked address now. A
-        host that does not resolve is accepted (its DNS may not be set up yet); every delivery
-        resolves again and fails closed."""
-        if self._rules.allow_private_networks:
-            return
+        """At channel create/patch: refuse a host that resolves to a blocked address now (with
+        private networks allowed, only the always-closed ones are). A host that does not
+        resolve is accepted (its DNS may not be set up yet); every delivery resolves again and
+        fails closed."""
         url = httpx.URL(config["url"])
         host = dial_host(url)
         if literal_address(host) is not None:
@@ -199,4 +204,5 @@ class WebhookChannels:
         except (OSError, trio.TooSlowError):
             return
         if (blocked := self._rules.first_blocked(addresses)) is not None:
+            log_blocked(host, *blocked, at="channel create/patch")
             raise InvalidChannelConfig("config.url", blocked_message(host, *blocked))

@@ -11,9 +11,13 @@ What it does need is here, in one place:
   kept-alive connection is reused only when the address it was dialed at is among them;
 - the URL is not rewritten: ``Host``, TLS SNI and certificate verification are for the hostname;
 - redirects are answers like any other (never followed);
-- timeouts: the connect (and TLS handshake), each write and each read have ``timeout_seconds``
-  (httpx's per-operation semantics); there is no pool wait: a delivery that finds no idle
-  connection dials a new one (the worker's concurrency bounds how many are busy);
+- one deadline: the caller gives the attempt's absolute deadline, and the connect (each of
+  several addresses gets an equal share of what is left), the TLS handshake, the request, every
+  informational answer and the body all end at it; the timeout's error names the phase it cut
+  (``PHASES``). At most ``MAX_INFORMATIONAL`` 1xx answers are read before the final one (a
+  server streaming ``102 Processing`` is cut off at once, not parsed until the deadline).
+  There is no pool wait: a delivery that finds no idle connection dials a new one (the
+  worker's concurrency bounds how many are busy);
 - a bounded body read: an answer is read up to ``max_body_bytes`` and the connection then
   closed, the rest never read; only an excerpt is kept;
 - keep-alive: a connection goes back to the pool only when both sides finished the exchange
@@ -25,12 +29,15 @@ What it does need is here, in one place:
   reached the receiver); the attempt fails as retriable and the worker's retry path takes over.
 
 Errors are raised as httpx's exception types (``httpx.ConnectError``, ``httpx.ReadTimeout``,
-...), so ``adapters.http.delivery_error`` maps them as it maps Telegram's.
+...), so ``adapters.http.delivery_error`` maps them as it maps Telegram's. Their texts never
+name the address dialed (a tenant reads them; the address may be what an internal name
+resolves to), and they do not chain to the socket's error, whose text does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,13 +51,37 @@ import trio
 # host or address, port -> a connected stream (tests pass a dialer that records or fakes)
 Dialer = Callable[[str, int], Awaitable[trio.abc.Stream]]
 READ_BYTES = 65536
+# Informational (1xx) answers read before the final one; past it the attempt fails (retriable).
+MAX_INFORMATIONAL = 10
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+# What each phase of an exchange is called in a timeout's error.
+PHASES = {
+    "connect": "connecting", "tls": "in the TLS handshake", "write": "sending the request",
+    "read": "waiting for the answer", "body": "reading the answer's body",
+}  # fmt: skip
 _TIMEOUTS: dict[str, type[httpx.TimeoutException]] = {
-    "connect": httpx.ConnectTimeout, "write": httpx.WriteTimeout, "read": httpx.ReadTimeout,
+    "connect": httpx.ConnectTimeout, "tls": httpx.ConnectTimeout, "write": httpx.WriteTimeout,
+    "read": httpx.ReadTimeout, "body": httpx.ReadTimeout,
 }  # fmt: skip
 _ERRORS: dict[str, type[httpx.TransportError]] = {
-    "connect": httpx.ConnectError, "write": httpx.WriteError, "read": httpx.ReadError,
+    "connect": httpx.ConnectError, "tls": httpx.ConnectError, "write": httpx.WriteError,
+    "read": httpx.ReadError, "body": httpx.ReadError,
 }  # fmt: skip
+
+
+def _reason(exc: BaseException, depth: int = 0) -> str:
+    """What went wrong with a socket, without the address trio's texts name (a TLS error
+    names the URL's host, never the address, and is kept whole)."""
+    if isinstance(exc, ssl.SSLError):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{type(exc).__name__}: {os.strerror(exc.errno)}"
+    inner: BaseException | None = exc.__cause__
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = exc.exceptions[-1]
+    if inner is not None and depth < 5:  # trio: "all attempts to connect to ... failed"
+        return _reason(inner, depth + 1)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 async def tcp_dialer(address: str, port: int) -> trio.abc.Stream:
@@ -133,7 +164,9 @@ class WebhookClient:
         keepalive_seconds: float = 5.0,
     ) -> None:
         """``dialer`` connects to an address (TCP by default; tests fake it); ``ssl_context``
-        verifies servers (httpx's default context when None, made once on first use)."""
+        verifies servers (httpx's default context when None, made once on first use);
+        ``timeout_seconds`` is an exchange's when ``post`` is given no deadline, and bounds
+        closing a connection."""
         self._timeout = timeout_seconds
         self._dial = dialer if dialer is not None else tcp_dialer
         self._ssl_context = ssl_context
@@ -157,28 +190,34 @@ class WebhookClient:
         target: bytes,
         headers: list[tuple[str, str]],
         body: bytes,
+        *,
+        deadline: float | None = None,
     ) -> Answer:
         """POST ``body`` to ``target`` at ``origin`` over a connection to one of ``addresses``
-        (the caller's checked ones). ``headers`` must hold ``Host`` and ``Content-Length``."""
+        (the caller's checked ones), all of it by ``deadline`` (``trio.current_time()``'s;
+        ``timeout_seconds`` from now when None). ``headers`` must hold ``Host`` and
+        ``Content-Length``."""
+        if deadline is None:
+            deadline = trio.current_time() + self._timeout
         conn = await self._checkout(origin, addresses)
-        phase = "connect"
+        phase = ["connect"]  # where the exchange is (a list: _connect and _read move it)
         answer: Answer | None = None
         reusable = False
-        with trio.CancelScope() as scope:
+        failure: Exception | None = None
+        with trio.CancelScope(deadline=deadline):
             try:
                 if conn is None:
-                    conn = await self._connect(origin, addresses)
-                phase = "write"
+                    conn = await self._connect(origin, addresses, deadline, phase)
+                phase[0] = "write"
                 h = conn.h11
                 data = h.send(h11.Request(method=b"POST", target=target, headers=headers))
                 data = (data or b"") + (h.send(h11.Data(data=body)) or b"")
                 data += h.send(h11.EndOfMessage()) or b""
-                scope.deadline = trio.current_time() + self._timeout
                 await conn.stream.send_all(data)
-                phase = "read"
-                answer, reusable = await self._read(conn, scope)
+                phase[0] = "read"
+                answer, reusable = await self._read(conn, phase)
             except _BROKEN as exc:
-                raise _ERRORS[phase](str(exc) or type(exc).__name__) from exc
+                failure = _ERRORS[phase[0]](_reason(exc))
             except h11.RemoteProtocolError as exc:
                 raise httpx.RemoteProtocolError(str(exc)) from exc
             except h11.LocalProtocolError as exc:
@@ -189,21 +228,22 @@ class WebhookClient:
                         await self._checkin(conn)
                     else:
                         await self._discard(conn)
-        if answer is None:  # only a timeout leaves the scope without an answer or an error
-            raise _TIMEOUTS[phase](f"{phase} timed out")
+        if failure is not None:
+            raise failure  # outside the except: not chained to the socket's text (the address)
+        if answer is None:  # only the deadline leaves the scope without an answer or an error
+            raise _TIMEOUTS[phase[0]](PHASES[phase[0]])
         return answer
 
-    async def _read(self, conn: _Connection, scope: trio.CancelScope) -> tuple[Answer, bool]:
+    async def _read(self, conn: _Connection, phase: list[str]) -> tuple[Answer, bool]:
         """The answer, and whether the connection may be reused."""
         h = conn.h11
         status: int = 0
         headers: Sequence[tuple[bytes, bytes]] = ()
         parts: list[bytes] = []
-        kept = seen = 0
+        kept = seen = informational = 0
         while True:
             event = h.next_event()
             if event is h11.NEED_DATA:
-                scope.deadline = trio.current_time() + self._timeout
                 h.receive_data(cast(bytes, await conn.stream.receive_some(READ_BYTES)))
             elif type(event) is h11.Data:
                 seen += len(event.data)
@@ -214,6 +254,7 @@ class WebhookClient:
                     return Answer(status, headers, b"".join(parts)), False
             elif type(event) is h11.Response:
                 status, headers = event.status_code, event.headers
+                phase[0] = "body"
             elif type(event) is h11.EndOfMessage:
                 # Reusable when both sides are done, the server has not closed its end (an
                 # answer delimited by the close also ends DONE) and sent nothing more.
@@ -224,43 +265,49 @@ class WebhookClient:
                 return Answer(status, headers, b"".join(parts)), done
             elif type(event) is h11.ConnectionClosed or event is h11.PAUSED:
                 raise httpx.RemoteProtocolError("the server closed the connection")
-            # an informational (1xx) answer: the final one follows
+            else:  # an informational (1xx) answer: the final one follows, within a bound
+                informational += 1
+                if informational > MAX_INFORMATIONAL:
+                    raise httpx.RemoteProtocolError(
+                        f"more than {MAX_INFORMATIONAL} informational (1xx) answers"
+                    )
 
-    async def _connect(self, origin: Origin, addresses: Sequence[str]) -> _Connection:
+    async def _connect(
+        self, origin: Origin, addresses: Sequence[str], deadline: float, phase: list[str]
+    ) -> _Connection:
         """A new connection to the first of ``addresses`` that answers (never anywhere else),
-        TLS-wrapped for ``origin.host`` when the scheme is https."""
+        TLS-wrapped for ``origin.host`` when the scheme is https. Each address may take an
+        equal share of the time left before ``deadline``."""
         if not addresses:  # fail closed
             raise httpx.ConnectError(f"refusing to connect to {origin.host}: no checked address")
         error: Exception | None = None
-        for address in addresses:
-            with trio.move_on_after(self._timeout):
+        for i, address in enumerate(addresses):
+            now = trio.current_time()
+            with trio.move_on_at(now + (deadline - now) / (len(addresses) - i)):
                 try:
                     stream = await self._dial(address, origin.port)
                 except _BROKEN as exc:
-                    error = httpx.ConnectError(str(exc) or type(exc).__name__)
-                    error.__cause__ = exc
+                    error = httpx.ConnectError(_reason(exc))
                     continue
                 break
-            error = httpx.ConnectTimeout("connect timed out")
+            error = httpx.ConnectTimeout(PHASES["connect"])
         else:
             assert error is not None
             raise error
         if origin.scheme == "https":
+            phase[0] = "tls"
             stream = await self._start_tls(stream, origin.host)
         return _Connection(origin, address, stream)
 
     async def _start_tls(self, stream: trio.abc.Stream, host: str) -> trio.abc.Stream:
+        """``stream`` after a TLS handshake for ``host`` (the caller's deadline bounds it)."""
         if self._ssl_context is None:
             self._ssl_context = httpx.create_ssl_context(trust_env=False)
             self._ssl_context.set_alpn_protocols(["http/1.1"])
         tls = trio.SSLStream(stream, self._ssl_context, server_hostname=host, https_compatible=True)
         try:
-            with trio.fail_after(self._timeout):
-                await tls.do_handshake()
-        except trio.TooSlowError:
-            await _close(stream, self._timeout)
-            raise httpx.ConnectTimeout("TLS handshake timed out") from None
-        except _BROKEN:
+            await tls.do_handshake()
+        except BaseException:
             await _close(stream, self._timeout)
             raise
         return tls

@@ -1,6 +1,7 @@
 """The SSRF guard of webhooks (docs/architecture.md §9): the table of blocked addresses, the checks
 of a URL that need no network (literal addresses in any notation, IDNA-mapped hosts, loopback
-names), and resolution.
+names), the always-closed metadata endpoints, what a tenant is told about a refusal, and the
+rules a destination is judged by (``NetworkRules``; names are resolved by ``resolver``).
 
 Every delivery resolves the host itself and checks every address with ``check_address``; the
 checked addresses are then the only ones dialed (``client.WebhookClient``).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -19,6 +21,8 @@ import httpx
 import trio
 
 from notifier.adapters.base import InvalidChannelConfig
+
+log = logging.getLogger("notifier.webhook")
 
 MAX_URL_LENGTH = 2048
 
@@ -36,11 +40,8 @@ def _nets(*pairs: tuple[str, str]) -> tuple[tuple[IPNetwork, str], ...]:
 _BLOCKED_V4 = _nets(
     ("0.0.0.0/8", "unspecified ('this network')"),
     ("10.0.0.0/8", "private"),
-    ("100.100.100.200/32", "cloud metadata"),
     ("100.64.0.0/10", "carrier-grade NAT"),
     ("127.0.0.0/8", "loopback"),
-    ("169.254.169.254/32", "cloud metadata"),
-    ("169.254.170.2/32", "container metadata"),
     ("169.254.0.0/16", "link-local"),
     ("172.16.0.0/12", "private"),
     ("192.0.0.0/24", "IETF protocol assignment"),
@@ -65,20 +66,24 @@ _BLOCKED_V6 = _nets(
     ("2001:db8::/32", "documentation"),
     ("2001::/23", "IETF protocol assignment"),
     ("3fff::/20", "documentation"),
-    ("fd00:ec2::254/128", "cloud metadata"),
     ("fc00::/7", "unique local (private)"),
     ("fe80::/10", "link-local"),
     ("fec0::/10", "site-local (deprecated)"),
     ("ff00::/8", "multicast"),
 )
-# Cloud metadata endpoints hand out credentials: refused even with allow_private_networks (only
-# an allowed_cidrs entry that contains one opens it). The same addresses head the tables above.
-_METADATA = _nets(
-    ("169.254.169.254/32", "cloud metadata"),
-    ("169.254.170.2/32", "container metadata"),
-    ("100.100.100.200/32", "cloud metadata"),
-    ("fd00:ec2::254/128", "cloud metadata"),
+# Cloud metadata and credential endpoints: always closed, whatever allow_private_networks and
+# allowed_cidrs say (an allowed network that holds one is opened around it), in every form that
+# reaches them (IPv4-mapped, NAT64, 6to4, IPv4-compatible).
+_CLOSED = _nets(
+    ("169.254.169.254/32", "cloud metadata"),  # AWS, GCP, Azure, Oracle, DigitalOcean ...
+    ("169.254.170.2/32", "container metadata"),  # ECS task credentials
+    ("169.254.170.23/32", "container metadata"),  # EKS Pod Identity
+    ("100.100.100.200/32", "cloud metadata"),  # Alibaba Cloud
+    ("168.63.129.16/32", "cloud metadata"),  # Azure WireServer
+    ("fd00:ec2::254/128", "cloud metadata"),  # AWS IMDS over IPv6
+    ("fd00:ec2::23/128", "container metadata"),  # EKS Pod Identity over IPv6
 )
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")
 _GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
@@ -107,13 +112,29 @@ def _embedded_v4(addr: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Addres
     return None
 
 
-def _metadata(addr: IPAddress) -> str | None:
-    """Why ``addr`` is a cloud metadata endpoint (also inside a NAT64 or 6to4 address)."""
-    if isinstance(addr, ipaddress.IPv6Address) and (embedded := _embedded_v4(addr)):
-        form, v4 = embedded
-        inner = _first_match(v4, _METADATA)
-        return f"{form} of {v4}, {inner}" if inner else None
-    return _first_match(addr, _METADATA)
+def _closed(addr: IPAddress) -> str | None:
+    """Why ``addr`` is a closed (metadata or credential) endpoint, also in a NAT64, 6to4 or
+    IPv4-compatible form; None when it is not one."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        embedded = _embedded_v4(addr)
+        if embedded is None and addr in _IPV4_COMPATIBLE and int(addr) > 1:
+            embedded = "IPv4-compatible", ipaddress.IPv4Address(int(addr))
+        if embedded is not None:
+            form, v4 = embedded
+            inner = _first_match(v4, _CLOSED)
+            return f"{form} of {v4}, {inner}" if inner else None
+    return _first_match(addr, _CLOSED)
+
+
+def is_closed(ip: str) -> bool:
+    """Whether ``ip`` is an address no setting opens (``_CLOSED``)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return _closed(addr) is not None
 
 
 def check_address(
@@ -122,22 +143,24 @@ def check_address(
     allowed_cidrs: Iterable[str | IPNetwork] = (),
 ) -> str | None:
     """Why a webhook may not be sent to ``ip`` (``"loopback"``, ``"private"``, ...), or None
-    when it may. An address inside one of ``allowed_cidrs`` is allowed; ``allow_private``
-    opens every other address except the cloud metadata endpoints. An IPv4-mapped IPv6
-    address is judged as its IPv4 address; NAT64 and 6to4 addresses by the IPv4 address they
-    embed as well. Not an address: blocked."""
+    when it may. The cloud metadata and credential endpoints (``_CLOSED``) are always refused;
+    any other address inside one of ``allowed_cidrs`` is allowed, and ``allow_private`` opens
+    every one. An IPv4-mapped IPv6 address is judged as its IPv4 address; NAT64 and 6to4
+    addresses by the IPv4 address they embed as well. Not an address: blocked."""
     try:
         addr = ip if not isinstance(ip, str) else ipaddress.ip_address(ip)
     except ValueError:
         return "not an IP address"
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped  # the kernel dials the IPv4 address
+    if (closed := _closed(addr)) is not None:
+        return closed
     for cidr in allowed_cidrs:
         net = ipaddress.ip_network(cidr) if isinstance(cidr, str) else cidr
         if addr.version == net.version and addr in net:
             return None
     if allow_private:
-        return _metadata(addr)
+        return None
     if isinstance(addr, ipaddress.IPv4Address):
         return _blocked_v4(addr)
     if embedded := _embedded_v4(addr):
@@ -154,15 +177,37 @@ def check_address(
     return reason
 
 
+_EMBEDDED_REASON = re.compile(r"(?P<form>\S+) of [^,]+, (?P<inner>.+)")
+
+
 def blocked_message(host: str, ip: str, reason: str, *, resolved: bool = True) -> str:
+    """The error a tenant reads when ``host`` is refused because of ``ip`` (why: ``reason``).
+    An address the tenant wrote (``resolved=False``: a literal in any notation, a loopback
+    name) is named; one a name resolved to is not, nor the address a NAT64 or 6to4 form
+    embeds: the texts reach channel API answers and a delivery's ``last_error``, and the
+    addresses behind an internal name are the operator's to know (``log_blocked``)."""
     if host.strip("[]") == ip:
-        subject = f"{ip} is"
+        subject = f"{ip} is a {reason}"
+    elif not resolved:
+        subject = f"{host} is {ip}, a {reason}"
     else:
-        subject = f"{host} {'resolves to' if resolved else 'is'} {ip},"
-    return (
-        f"destination blocked: {subject} a {reason} address (set allow_private_networks = "
-        "true or list it in allowed_cidrs under [workers.webhook] to allow it)"
-    )
+        if m := _EMBEDDED_REASON.fullmatch(reason):
+            reason = f"{m['inner']} ({m['form']})"
+        subject = f"{host} resolves to a {reason}"
+    if is_closed(ip):
+        hint = "metadata and credential endpoints are always closed"
+    else:
+        hint = (
+            "set allow_private_networks = true or list it in allowed_cidrs under "
+            "[workers.webhook] to allow it"
+        )
+    return f"destination blocked: {subject} address ({hint})"
+
+
+def log_blocked(host: str, ip: str, reason: str, *, at: str) -> None:
+    """The operator's record of a refused destination, with the address (``blocked_message``
+    leaves it out of what the tenant reads)."""
+    log.warning("webhook destination refused at %s: %s resolves to %s (%s)", at, host, ip, reason)
 
 
 _NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+", flags=re.IGNORECASE)
@@ -242,12 +287,6 @@ def validate_url(
         raise InvalidChannelConfig("config.url", blocked_message(host, ip, reason, resolved=False))
 
 
-async def system_resolver(host: str, port: int) -> list[str]:
-    """The addresses of ``host`` from the system resolver (trio runs it on a thread)."""
-    infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
 @dataclasses.dataclass(frozen=True)
 class NetworkRules:
     """Where ``[workers.webhook]`` lets a webhook go, and how its host is resolved: the same at
@@ -255,8 +294,8 @@ class NetworkRules:
 
     timeout_seconds: float
     allow_private_networks: bool
-    allowed: tuple[IPNetwork, ...] = ()
-    resolver: Resolver = system_resolver
+    allowed: tuple[IPNetwork, ...]
+    resolver: Resolver
 
     @classmethod
     def of(
@@ -277,8 +316,12 @@ class NetworkRules:
                 return ip, reason
         return None
 
-    async def resolve(self, host: str, port: int) -> tuple[str, ...]:
-        """Trio-flavoured. ``host``'s addresses: ``trio.TooSlowError`` after the timeout,
-        ``OSError`` if it does not resolve."""
-        with trio.fail_after(self.timeout_seconds):
+    async def resolve(
+        self, host: str, port: int, *, deadline: float | None = None
+    ) -> tuple[str, ...]:
+        """Trio-flavoured. ``host``'s addresses: ``trio.TooSlowError`` at ``deadline`` (after
+        the timeout when None), ``OSError`` if it does not resolve."""
+        if deadline is None:
+            deadline = trio.current_time() + self.timeout_seconds
+        with trio.fail_at(deadline):
             return tuple(await self.resolver(host, port))
