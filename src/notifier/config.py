@@ -208,10 +208,22 @@ class WorkerGroupConfig(_Section, frozen=True):
     prefetch: Positive = 64
     max_attempts: Positive = 5
     timeout_seconds: PositiveFloat = 10.0
+    # The circuit breaker of each destination (docs/architecture.md §5): this many consecutive
+    # unreachable failures open it (0: no breaker); a half-open probe is tried after the base
+    # interval, doubling after each failed probe up to the max.
+    circuit_failure_threshold: Annotated[int, msgspec.Meta(ge=0)] = 5
+    circuit_probe_base_seconds: PositiveFloat = 5.0
+    circuit_probe_max_seconds: PositiveFloat = 300.0
 
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
             raise key_error("prefetch", f"must be at least concurrency ({self.concurrency})")
+        if self.circuit_probe_max_seconds < self.circuit_probe_base_seconds:
+            base = self.circuit_probe_base_seconds
+            raise key_error(
+                "circuit_probe_max_seconds",
+                f"must be at least circuit_probe_base_seconds ({base:g})",
+            )
         # A prefetched message may wait for ceil(prefetch / concurrency) deliveries before its
         # own; all of it must stay far below RabbitMQ's consumer_timeout (30 min by default), or
         # the broker closes the channel and every unacked message is delivered again.

@@ -55,7 +55,7 @@ from notifier.store.rows import MetricsSnapshot
 log = logging.getLogger("notifier.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
-OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic")
+OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "panic")
 # How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
 QUEUE_DEPTHS_CACHE_SECONDS = 5.0
 

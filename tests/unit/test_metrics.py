@@ -85,7 +85,7 @@ def test_renders_every_metric_with_its_labels() -> None:
         if s[0] == "notifier_delivery_attempts_total"
     }
     # every outcome of the group is exported from the start, at zero
-    assert attempts == dict.fromkeys(["delivered", "retry", "rate_limited", "dead", "panic"], 0.0)
+    assert attempts == dict.fromkeys(["delivered", "retry", "rate_limited", "deferred", "dead", "panic"], 0.0)
     assert ("notifier_deliveries_dead_total", WEBHOOK, 0.0) in got["notifier_deliveries_dead"]
     for histogram in (
         "notifier_delivery_attempt_duration_seconds",

@@ -11,7 +11,7 @@ import msgspec
 
 from notifier.store.rows import DELIVERY_STATUSES
 
-ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic", "replayed")
+ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "panic", "replayed")
 
 # Every timestamp comes from a Postgres timestamptz, so it always carries its offset.
 Timestamp = Annotated[datetime, msgspec.Meta(extra_json_schema={"format": "date-time"})]
