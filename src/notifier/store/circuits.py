@@ -4,22 +4,11 @@ statement per call, on Postgres's clock."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
-
-import msgspec
 
 from notifier.store.base import Q, Row, transaction
 from notifier.store.pool import Queries
+from notifier.store.rows import DestinationCircuit
 from notifier.worker.circuit import CircuitPolicy, CircuitRow, State
-
-
-class CircuitView(msgspec.Struct, frozen=True, kw_only=True):
-    """A destination's circuit as the API and the console show it."""
-
-    state: str  # closed, open, half_open
-    consecutive_failures: int
-    opened_at: datetime | None
-    next_probe_at: datetime | None
 
 
 def _row(r: Row) -> CircuitRow:
@@ -64,14 +53,14 @@ class CircuitQueries(Queries):
     @transaction
     async def circuits_of(
         self, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], CircuitView]:
+    ) -> dict[tuple[str, str], DestinationCircuit]:
         """The circuits of these (channel type, destination) pairs that have a row (the others
         are closed, with no failure)."""
         if not keys:
             return {}
         rows = await self._pool.fetch(Q["circuits_of"], [k[0] for k in keys], [k[1] for k in keys])
         return {
-            (r["channel_type"], r["destination"]): CircuitView(
+            (r["channel_type"], r["destination"]): DestinationCircuit(
                 state=r["state"],
                 consecutive_failures=r["consecutive_failures"],
                 opened_at=r["opened_at"],
