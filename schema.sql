@@ -127,7 +127,7 @@ CREATE TABLE IF NOT EXISTS delivery_attempts (
     outcome           text NOT NULL
                       CONSTRAINT delivery_attempts_outcome_check
                       CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic',
-                                         'replayed')),
+                                         'replayed', 'deferred')),
     status_code       integer NULL,
     error             text NULL,
     response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
@@ -150,6 +150,25 @@ BEGIN
         ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
             CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed'))
             NOT VALID;
+    END IF;
+END;
+$$;
+
+-- 'deferred' (not attempted: the destination's circuit was open) came with the circuit breaker
+-- (migrations/0005).
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conname = 'delivery_attempts_outcome_check'
+          AND pg_get_constraintdef(oid) LIKE '%deferred%'
+    ) THEN
+        ALTER TABLE delivery_attempts DROP CONSTRAINT IF EXISTS delivery_attempts_outcome_check;
+        ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
+            CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed',
+                               'deferred'))
+            NOT VALID;
+        ALTER TABLE delivery_attempts VALIDATE CONSTRAINT delivery_attempts_outcome_check;
     END IF;
 END;
 $$;
@@ -325,3 +344,26 @@ BEGIN
     RETURN 0;
 END;
 $$;
+
+-- The circuit breaker of each destination (notifier/worker/circuit.py, docs/architecture.md §5),
+-- shared by every worker process: one row per (channel type, destination) that has failed to be
+-- reached. `consecutive_failures` unreachable failures in a row open it ('open', since
+-- `opened_at`): deliveries are deferred until `next_probe_at`, when one process claims the probe
+-- ('half_open'; `next_probe_at` is then when the probe's lease ends). A failed probe opens it
+-- again with `probe_interval_seconds` doubled; a success closes it. Times are Postgres's.
+-- Maintenance deletes rows closed and unchanged for an hour (migrations/0005).
+CREATE TABLE IF NOT EXISTS circuits (
+    channel_type            text NOT NULL,
+    destination             text NOT NULL,
+    state                   text NOT NULL DEFAULT 'closed'
+                            CHECK (state IN ('closed', 'open', 'half_open')),
+    consecutive_failures    integer NOT NULL DEFAULT 0,
+    opened_at               timestamptz NULL,
+    next_probe_at           timestamptz NULL,
+    probe_interval_seconds  double precision NULL,
+    changed_at              timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (channel_type, destination)
+);
+-- What every worker group reads each second: the circuits in trouble, few or none.
+CREATE INDEX IF NOT EXISTS circuits_troubled_idx ON circuits (channel_type)
+    WHERE state <> 'closed' OR consecutive_failures > 0;

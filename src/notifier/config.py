@@ -211,6 +211,12 @@ class WorkerGroupConfig(_Section, frozen=True):
     # The most worker tasks one destination (a webhook's origin; another type's channel) may
     # hold; unset: a quarter of concurrency (at least 1). docs/architecture.md §5.
     max_in_flight_per_destination: Positive | None = None
+    # The circuit breaker of each destination (docs/architecture.md §5): this many consecutive
+    # unreachable failures open it (0: no breaker); a half-open probe is tried after the base
+    # interval, doubling after each failed probe up to the max.
+    circuit_failure_threshold: Annotated[int, msgspec.Meta(ge=0)] = 5
+    circuit_probe_base_seconds: PositiveFloat = 5.0
+    circuit_probe_max_seconds: PositiveFloat = 300.0
 
     def __post_init__(self) -> None:
         if self.prefetch < self.concurrency:
@@ -220,6 +226,12 @@ class WorkerGroupConfig(_Section, frozen=True):
             raise key_error(
                 "max_in_flight_per_destination",
                 f"must be at most concurrency ({self.concurrency})",
+            )
+        if self.circuit_probe_max_seconds < self.circuit_probe_base_seconds:
+            base = self.circuit_probe_base_seconds
+            raise key_error(
+                "circuit_probe_max_seconds",
+                f"must be at least circuit_probe_base_seconds ({base:g})",
             )
         # A prefetched message may wait for ceil(prefetch / concurrency) deliveries before its
         # own, and then, in its destination's waiting list, for one more; all of it must stay

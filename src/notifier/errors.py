@@ -67,13 +67,23 @@ class DeliveryError(NotifierError):
 
 
 class RetriableError(DeliveryError):
-    """A delivery failed in a way that may succeed later (timeouts, 5xx, 429 ...)."""
+    """A delivery failed in a way that may succeed later (timeouts, 5xx, 429 ...).
+
+    ``unreachable`` says the receiver could not be reached or did not answer (a refused or
+    timed-out connection, a read that timed out): what counts towards opening the
+    destination's circuit (``worker.circuit``). An answer, even a 5xx, is not."""
 
     def __init__(
-        self, message: str, *, retry_after: float | None = None, status_code: int | None = None
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status_code: int | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message, status_code=status_code)
         self.retry_after = retry_after
+        self.unreachable = unreachable
 
 
 class PermanentError(DeliveryError):

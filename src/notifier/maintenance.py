@@ -14,6 +14,8 @@ Every ``interval_seconds`` one pass:
   broker keeps refusing are reported.
 - **rate buckets**: shared rate-limit buckets full again for a minute are deleted (a new bucket
   is the same), so the table holds only the keys in use.
+- **circuits**: destinations' circuits closed and unchanged for an hour are deleted (a missing
+  row is a closed circuit with no failure).
 
 Several processes may run it at once: every statement claims its rows ``SKIP LOCKED``.
 """
@@ -48,6 +50,8 @@ class MaintenanceStore(Protocol):
 
     async def clean_rate_buckets(self, *, limit: int) -> int: ...
 
+    async def clean_circuits(self, *, limit: int) -> int: ...
+
 
 class PassResult(msgspec.Struct, kw_only=True):
     """What one maintenance pass did."""
@@ -57,6 +61,7 @@ class PassResult(msgspec.Struct, kw_only=True):
     outbox_cleaned: int = 0
     outbox_refused: int = 0
     rate_buckets_cleaned: int = 0
+    circuits_cleaned: int = 0
 
 
 async def maintenance_pass(
@@ -109,6 +114,15 @@ async def maintenance_pass(
             break
     if result.rate_buckets_cleaned:
         log.debug("rate buckets: deleted %d idle buckets", result.rate_buckets_cleaned)
+    for _ in range(MAX_BATCHES_PER_PASS):
+        if stopping():
+            break
+        cleaned = await store.clean_circuits(limit=size)
+        result.circuits_cleaned += cleaned
+        if cleaned < size:
+            break
+    if result.circuits_cleaned:
+        log.debug("circuits: deleted %d closed circuits", result.circuits_cleaned)
     return result
 
 

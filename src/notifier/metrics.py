@@ -55,7 +55,7 @@ from notifier.store.rows import MetricsSnapshot
 log = logging.getLogger("notifier.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
-OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic")
+OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "panic")
 # How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
 QUEUE_DEPTHS_CACHE_SECONDS = 5.0
 
@@ -94,6 +94,10 @@ def broker_queues(channel_types: Iterable[str], tiers_seconds: Sequence[int]) ->
     return queues
 
 
+# notifier_destination_circuit_state's values.
+CIRCUIT_STATE_VALUES = {"closed": 0.0, "open": 1.0, "half_open": 2.0}
+
+
 class _ScrapeTime(Collector):
     """The gauges read at scrape time. A source that could not be read leaves its series out
     (the broker's absence is said by ``notifier_broker_up 0``)."""
@@ -118,6 +122,12 @@ class _ScrapeTime(Collector):
                 "Seconds since the open delivery that changed least recently last changed.",
             ),
             GaugeMetricFamily(
+                "notifier_destination_circuit_state",
+                "A destination's circuit breaker: 0 closed, 1 open, 2 half-open (read from "
+                "Postgres; those not closed or changed in the last 10 minutes).",
+                labels=["channel_type", "destination"],
+            ),
+            GaugeMetricFamily(
                 "notifier_broker_up", "1 when RabbitMQ answered the queue depth read, else 0."
             ),
             GaugeMetricFamily(
@@ -131,7 +141,7 @@ class _ScrapeTime(Collector):
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        outbox, open_, oldest, broker_up, queues = self._families()
+        outbox, open_, oldest, circuits, broker_up, queues = self._families()
         if (s := self.snapshot) is not None:
             outbox.add_metric([], s.outbox_depth)
             open_.add_metric(["PENDING"], s.pending)
@@ -141,6 +151,10 @@ class _ScrapeTime(Collector):
             # No open delivery: the oldest is no age at all.
             oldest.add_metric([], s.oldest_open_age_seconds or 0.0)
             yield oldest
+            for channel_type, destination, state in s.circuits:
+                circuits.add_metric([channel_type, destination], CIRCUIT_STATE_VALUES[state])
+            if s.circuits:
+                yield circuits
         if self.broker_up is not None:
             broker_up.add_metric([], 1.0 if self.broker_up else 0.0)
             yield broker_up

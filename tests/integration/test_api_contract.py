@@ -314,7 +314,12 @@ async def test_answers_have_the_documented_fields(api: Api) -> None:
     (delivery,) = event["deliveries"]
     assert set(delivery) == {"id", "channel_id", "channel_type", "status"}
     channel = (await api.a.get("/v1/channels")).json()["items"][0]
-    assert set(channel["health"]) == {"consecutive_failures", "failing_since", "last_success_at"}
+    assert set(channel["health"]) == {
+        "consecutive_failures", "failing_since", "last_success_at", "circuit"
+    }  # fmt: skip
+    assert set(channel["health"]["circuit"]) == {
+        "destination", "state", "consecutive_failures", "opened_at", "next_probe_at"
+    }  # fmt: skip
     listed = (await api.a.get(f"/v1/deliveries?event_id={event['id']}")).json()["items"]
     assert [d["id"] for d in listed] == [delivery["id"]]
     assert "attempts" not in listed[0], "list items leave the attempts out"

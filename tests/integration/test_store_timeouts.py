@@ -114,6 +114,7 @@ MAINTENANCE = {
     "retention": ("events", lambda s: s.delete_expired(retention_days=30, limit=10)),
     "outbox hygiene": ("outbox", lambda s: s.clean_outbox(limit=10, refused_after=5)),
     "rate buckets": ("rate_buckets", lambda s: s.clean_rate_buckets(limit=10)),
+    "circuits": ("circuits", lambda s: s.clean_circuits(limit=10)),
 }
 
 

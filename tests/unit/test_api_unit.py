@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,11 +16,12 @@ import trio
 import trio.testing
 from quart import typing as quart_typing
 
+from notifier.adapters.specs import build_validators
 from notifier.config import parse_config
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
-from notifier.store.rows import IngestResult, NewEvent
+from notifier.store.rows import DestinationCircuit, IngestResult, NewEvent
 from notifier.store.versions import LATEST, SchemaState
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
@@ -116,6 +118,43 @@ async def test_a_channel_is_created_read_listed_changed_and_deleted(api: Api) ->
     assert (await api.call("DELETE", path)).status == 204
     assert error_code(await api.call("GET", path)) == "not_found"
     assert (await api.call("DELETE", path)).status == 404
+
+
+async def test_a_channels_health_shows_the_circuit_of_its_destination() -> None:
+    store = MemoryApiStore()
+    await store.create_tenant("a", hash_api_key("key-a"))
+    # the webhook's own validator, which names a config's destination as its adapter does
+    config = parse_config({"workers": {"webhook": {"allow_private_networks": True}}}, env={})
+    api = Api(store, create_app(store, config, build_validators(config)).test_client())
+    first = await api.channel()
+    second = await api.channel(config={"url": "https://HOOKS.example.com:443/other"})
+    elsewhere = await api.channel(config={"url": "http://[::1]:8080/x"})
+    closed = {
+        "destination": "https://hooks.example.com:443", "state": "closed",
+        "consecutive_failures": 0, "opened_at": None, "next_probe_at": None,
+    }  # fmt: skip
+    assert first["health"]["circuit"] == closed
+    opened = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    api.store.circuits[("webhook", "https://hooks.example.com:443")] = DestinationCircuit(
+        state="open", consecutive_failures=7, opened_at=opened,
+        next_probe_at=opened + timedelta(seconds=40),
+    )  # fmt: skip
+
+    listed = {c["id"]: c for c in (await api.call("GET", "/v1/channels")).body["items"]}
+
+    expected = {
+        **closed, "state": "open", "consecutive_failures": 7,
+        "opened_at": "2026-01-02T03:04:05Z", "next_probe_at": "2026-01-02T03:04:45Z",
+    }  # fmt: skip
+    # one destination, one circuit, whatever the path or the host's case
+    assert listed[first["id"]]["health"]["circuit"] == expected
+    assert listed[second["id"]]["health"]["circuit"] == expected
+    assert listed[elsewhere["id"]]["health"]["circuit"] == {
+        **closed,
+        "destination": "http://[::1]:8080",
+    }
+    got = await api.call("GET", f"/v1/channels/{first['id']}")
+    assert got.body["health"]["circuit"] == expected
 
 
 async def test_channels_are_listed_a_page_at_a_time(api: Api) -> None:

@@ -169,6 +169,15 @@ def test_a_wrong_type_is_refused_with_its_path(data: dict[str, Any], path: str) 
         ({"ingest": {"bind": "a b:80"}}, "ingest.bind", "HOST:PORT"),
         # a poll interval of zero would spin
         ({"relay": {"poll_interval_seconds": 0}}, "relay.poll_interval_seconds", "> 0"),
+        # the circuit breaker: 0 turns it off, below that means nothing
+        ({"workers": {"webhook": {"circuit_failure_threshold": -1}}},
+         "workers.webhook.circuit_failure_threshold", ">= 0"),
+        ({"workers": {"telegram": {"circuit_probe_base_seconds": 0}}},
+         "workers.telegram.circuit_probe_base_seconds", "> 0"),
+        # probes back off from the base up to the max: a max below the base is a mistake
+        ({"workers": {"webhook": {"circuit_probe_base_seconds": 60,
+                                  "circuit_probe_max_seconds": 30}}},
+         "workers.webhook.circuit_probe_max_seconds", "at least circuit_probe_base_seconds (60)"),
     ],
 )  # fmt: skip
 def test_an_out_of_range_value_is_refused_with_its_path(

@@ -10,7 +10,7 @@ import re
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -25,6 +25,7 @@ from notifier.console.session import Sessions, SignInThrottle, new_session
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
 from notifier.store.console import HourlyCount
+from notifier.store.rows import DestinationCircuit
 from notifier.testing.api import MemoryApiStore
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -388,6 +389,26 @@ async def test_channels_are_listed_with_their_health_and_no_secret(browser: Brow
     assert "&lt;em&gt;hook&lt;/em&gt;" in body
     assert "not-mine" not in body
     assert secret not in body
+
+
+async def test_a_channels_page_shows_the_circuit_of_its_destination(browser: Browser) -> None:
+    channel_id = await channel(browser)
+    await browser.sign_in()
+    _, body, _ = await browser.get("/console/channels")
+    assert 'class="circuit circuit-closed"' in body
+    opened = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    browser.store.circuits[("webhook", "https://hooks.example.com:443")] = DestinationCircuit(
+        state="open", consecutive_failures=6, opened_at=opened,
+        next_probe_at=opened + timedelta(seconds=40),
+    )  # fmt: skip
+
+    _, body, _ = await browser.get("/console/channels")
+
+    [row] = re.findall(rf'<tr class="channel-row" id="channel-{channel_id}">(.*?)</tr>', body, re.S)
+    assert 'class="circuit circuit-open"' in row
+    assert "https://hooks.example.com:443 unreachable 6 times in a row" in row
+    assert "open since 2026-01-02 03:04:05" in row
+    assert "next probe 03:04:45" in row
 
 
 async def test_a_channel_is_disabled_and_enabled(browser: Browser) -> None:

@@ -358,6 +358,10 @@ def test_smtp_failures_are_classified(
     assert type(error) is kind
     assert error.status_code == status_code
     assert text in str(error)
+    # No reply at all (a timeout, a connection failure) is the server unreachable, what counts
+    # towards the channel's circuit; any reply is an answer.
+    no_reply = text.startswith(("connection failed", "timed out"))
+    assert getattr(error, "unreachable", False) is no_reply
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("bug"), KeyError("x"), TypeError("nope")])

@@ -32,6 +32,8 @@ from notifier.testing import (
     worker_message,
 )
 from notifier.testing.buckets import MemoryBuckets
+from notifier.testing.circuits import MemoryCircuits
+from notifier.worker.circuit import Breaker, Circuit, CircuitPolicy, State
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.group import outcome_observers
 from notifier.worker.handle import (
@@ -86,6 +88,7 @@ class Rig:
         *,
         broker: MemoryBroker | None = None,
         publish: Publish | None = None,
+        circuits: Breaker | None = None,
     ) -> None:
         self.store = store or MemoryDeliveries()
         self.adapter = adapter or RecordingAdapter()
@@ -107,6 +110,7 @@ class Rig:
                 self.adapter.channel_type, reporter=self.reporter, metrics=None
             ),
             limits=self.buckets,
+            circuits=circuits,
         )
         self._tag = 0
 
@@ -347,6 +351,106 @@ async def test_a_rate_limited_message_whose_retry_publish_fails_is_recorded_and_
     assert rig.store.attempts[1].next_attempt_at is not None
     assert rig.store.state(second.delivery_id) == DeliveryState("PENDING", 0)
     assert trio.current_time() == 0
+
+
+# -- the destination's circuit: deferred (attempt row deferred, attempt unchanged) while open ---
+
+CIRCUIT_POLICY = CircuitPolicy(
+    failure_threshold=3, probe_base_seconds=5, probe_max_seconds=30, probe_lease_seconds=20
+)
+DESTINATION = f"channel:{uuid.UUID(int=8)}"  # worker_message's channel; no origin of its own
+
+
+def breaker_rig(adapter: RecordingAdapter) -> tuple[Rig, MemoryCircuits]:
+    circuits = MemoryCircuits()
+    return Rig(adapter, circuits=Breaker(circuits, "webhook", CIRCUIT_POLICY)), circuits
+
+
+async def test_consecutive_timeouts_open_the_circuit_and_defer_without_spending_attempts(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig, circuits = breaker_rig(RecordingAdapter(default=Delay(TIMEOUT + 1)))
+    failing = [message(n) for n in range(1, 4)]
+    for m in failing:
+        rig.store.add(m.delivery_id)
+        assert await rig.handle(m) is Settle.ACK  # retry
+    assert circuits.circuits[("webhook", DESTINATION)].state is State.OPEN
+    opened_at = trio.current_time()
+    deferred = message(4, attempt=2)
+    rig.store.add(deferred.delivery_id, status="RETRYING", attempt=1)
+    rows_before, published_before = len(rig.store.attempts), len(rig.broker.published)
+    before = datetime.now(UTC)
+
+    assert await rig.handle(deferred) is Settle.ACK
+
+    after = datetime.now(UTC)
+    assert rig.adapter.messages == failing  # not attempted
+    assert trio.current_time() == opened_at  # and no time spent on it
+    [out] = rig.broker.published[published_before:]
+    assert out.routing_key == retry_queue("webhook", 5)  # the tier ≥ the 5 s until the probe
+    assert retry_copy(out) == deferred  # the same attempt
+    [row] = rig.store.attempts[rows_before:]
+    assert (row.attempt, row.outcome, row.status) == (2, "deferred", None)
+    assert row.error is not None
+    assert "circuit open" in row.error
+    assert_next_attempt_in(row, 5, before, after)
+    assert rig.store.state(deferred.delivery_id) == DeliveryState("RETRYING", 1)  # unchanged
+
+
+async def test_the_probe_after_the_wait_closes_the_circuit(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig, circuits = breaker_rig(RecordingAdapter("webhook", *[Delay(TIMEOUT + 1)] * 3))
+    for n in range(1, 4):
+        rig.store.add(message(n).delivery_id)
+        await rig.handle(message(n))
+    rig.store.add(message(4).delivery_id)
+    await rig.handle(message(4))  # deferred to the 5 s tier
+    copy = retry_copy(rig.broker.published[-1])
+    await trio.sleep(5)
+
+    assert await rig.handle(copy) is Settle.ACK  # the probe: delivered
+
+    assert rig.adapter.messages[-1] == copy
+    assert rig.store.state(copy.delivery_id) == DeliveryState("DELIVERED", 1)
+    assert circuits.circuits[("webhook", DESTINATION)] == Circuit()  # closed
+    calls = len(circuits.calls)
+    rig.store.add(message(5).delivery_id)
+    assert await rig.handle(message(5)) is Settle.ACK
+    assert rig.store.state(message(5).delivery_id) == DeliveryState("DELIVERED", 1)
+    assert len(circuits.calls) == calls  # closed again: no statement
+
+
+async def test_a_failed_probe_reopens_the_circuit_with_the_interval_doubled(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    unreachable = RetriableError("connection failed: refused", unreachable=True)
+    rig, circuits = breaker_rig(RecordingAdapter(default=unreachable))
+    for n in range(1, 4):
+        rig.store.add(message(n).delivery_id)
+        await rig.handle(message(n))
+    await trio.sleep(5)
+    rig.store.add(message(4).delivery_id)
+
+    await rig.handle(message(4))  # the probe, refused
+
+    assert len(rig.adapter.messages) == 4
+    c = circuits.circuits[("webhook", DESTINATION)]
+    assert (c.state, c.probe_interval, c.consecutive_failures) == (State.OPEN, 10, 4)
+    rig.store.add(message(5).delivery_id)
+    await rig.handle(message(5))
+    assert rig.broker.published[-1].routing_key == retry_queue("webhook", 15)  # ≥ 10 s
+    assert rig.store.attempts[-1].outcome == "deferred"
+
+
+async def test_an_answer_is_not_a_circuit_failure(mock_clock: trio.testing.MockClock) -> None:
+    server_error = RetriableError("HTTP 503", status_code=503)  # the receiver answered
+    rig, circuits = breaker_rig(RecordingAdapter(default=server_error))
+    for n in range(1, 6):
+        rig.store.add(message(n).delivery_id)
+        await rig.handle(message(n))
+    assert len(rig.adapter.messages) == 5  # every one attempted
+    assert circuits.calls == []  # and the circuit never touched
 
 
 # -- delivered: DELIVERED + attempt row, Ack ----------------------------------------------------

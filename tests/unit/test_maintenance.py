@@ -21,10 +21,12 @@ class FakeStore:
         stuck: list[int] | None = None,
         expired: list[int] | None = None,
         idle_buckets: list[int] | None = None,
+        closed_circuits: list[int] | None = None,
     ) -> None:
         self.stuck = list(stuck or [])
         self.expired = list(expired or [])
         self.idle_buckets = list(idle_buckets or [])
+        self.closed_circuits = list(closed_circuits or [])
         self.calls: list[tuple[str, float]] = []
 
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]:
@@ -48,17 +50,27 @@ class FakeStore:
         self.calls.append(("buckets", trio.current_time()))
         return min(self.idle_buckets.pop(0) if self.idle_buckets else 0, limit)
 
+    async def clean_circuits(self, *, limit: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("circuits", trio.current_time()))
+        return min(self.closed_circuits.pop(0) if self.closed_circuits else 0, limit)
+
 
 def config(**fields: object) -> MaintenanceConfig:
     return MaintenanceConfig(**{"interval_seconds": 30.0, "batch_size": 10, **fields})  # type: ignore[arg-type]
 
 
 async def test_a_pass_takes_batches_until_a_short_one() -> None:
-    store = FakeStore(stuck=[10, 10, 3], expired=[10, 4], idle_buckets=[10, 10, 10, 1])
+    store = FakeStore(
+        stuck=[10, 10, 3], expired=[10, 4], idle_buckets=[10, 10, 10, 1], closed_circuits=[10, 2]
+    )
     result = await maintenance_pass(config(), store)
     assert (result.reenqueued, result.expired, result.rate_buckets_cleaned) == (23, 14, 31)
+    assert result.circuits_cleaned == 12
     kinds = [kind for kind, _ in store.calls]
-    assert kinds == ["reconcile"] * 3 + ["retention"] * 2 + ["outbox"] + ["buckets"] * 4
+    assert kinds == (
+        ["reconcile"] * 3 + ["retention"] * 2 + ["outbox"] + ["buckets"] * 4 + ["circuits"] * 2
+    )
 
 
 async def test_a_pass_is_bounded_even_when_every_batch_is_full() -> None:

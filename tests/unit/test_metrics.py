@@ -85,7 +85,9 @@ def test_renders_every_metric_with_its_labels() -> None:
         if s[0] == "notifier_delivery_attempts_total"
     }
     # every outcome of the group is exported from the start, at zero
-    assert attempts == dict.fromkeys(["delivered", "retry", "rate_limited", "dead", "panic"], 0.0)
+    assert attempts == dict.fromkeys(
+        ["delivered", "retry", "rate_limited", "deferred", "dead", "panic"], 0.0
+    )
     assert ("notifier_deliveries_dead_total", WEBHOOK, 0.0) in got["notifier_deliveries_dead"]
     for histogram in (
         "notifier_delivery_attempt_duration_seconds",
@@ -141,6 +143,29 @@ def test_no_open_delivery_is_an_oldest_age_of_zero() -> None:
         outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None
     )
     assert value(m, "notifier_oldest_open_delivery_age_seconds") == 0.0
+
+
+def test_each_circuit_read_is_a_series_by_destination() -> None:
+    m = Metrics()
+    m.scrape_time.snapshot = MetricsSnapshot(
+        outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None,
+        circuits=(
+            ("webhook", "https://a.example:443", "open"),
+            ("webhook", "https://b.example:443", "half_open"),
+            ("webhook", "https://c.example:443", "closed"),  # closed lately: 0
+        ),
+    )  # fmt: skip
+    got = families(m)["notifier_destination_circuit_state"]
+    assert {(s[1]["destination"], s[1]["channel_type"], s[2]) for s in got} == {
+        ("https://a.example:443", "webhook", 1.0),
+        ("https://b.example:443", "webhook", 2.0),
+        ("https://c.example:443", "webhook", 0.0),
+    }
+    # none in trouble or changed lately: no series at all
+    m.scrape_time.snapshot = MetricsSnapshot(
+        outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None
+    )
+    assert "notifier_destination_circuit_state" not in families(m)
 
 
 def test_a_process_on_its_own_reports_its_process_metrics() -> None:

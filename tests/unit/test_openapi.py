@@ -111,7 +111,7 @@ def test_schemas_are_the_models_own() -> None:
         "type": "string", "format": "date-time",
     }  # fmt: skip
     assert schemas["AttemptView"]["properties"]["outcome"]["enum"] == [
-        "delivered", "retry", "rate_limited", "dead", "panic", "replayed",
+        "delivered", "retry", "rate_limited", "deferred", "dead", "panic", "replayed",
     ]  # fmt: skip
     assert schemas["ChannelView"]["properties"]["health"] == {
         "$ref": "#/components/schemas/ChannelHealth"

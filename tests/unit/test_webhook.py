@@ -22,8 +22,11 @@ from notifier.adapters.base import (
     ChannelValidator,
     ChecksDestination,
     InvalidChannelConfig,
+    NamesDestinations,
     Receipt,
     UpdatesConfig,
+    channel_destination,
+    destination_of,
     public_config,
 )
 from notifier.adapters.webhook import (
@@ -569,6 +572,36 @@ def test_the_webhook_adapter_takes_part_in_patches_and_destination_checks() -> N
     assert isinstance(adapter, UpdatesConfig)
     assert isinstance(adapter, ChecksDestination)
     assert {"secret", "previous_secret", "previous_secret_expires_at"} <= adapter.secret_fields
+
+
+@pytest.mark.parametrize(
+    ("url", "destination"),
+    [
+        ("https://example.com/hook", "https://example.com:443"),
+        ("http://example.com/a?b=c", "http://example.com:80"),
+        ("HTTPS://Example.COM:8443/x", "https://example.com:8443"),  # as dialed: lowercased
+        ("https://bücher.example/in", "https://xn--bcher-kva.example:443"),  # IDNA-mapped
+        ("http://[::1]:8080/", "http://[::1]:8080"),
+        ("http://10.1.2.3/", "http://10.1.2.3:80"),
+        # no origin to send to: the channel's own destination
+        ("ftp://example.com/", None),
+        ("not a url", None),
+    ],
+)
+def test_a_stored_config_names_the_destination_its_messages_go_to(
+    url: str, destination: str | None
+) -> None:
+    validator = WebhookChannels(
+        timeout_seconds=1, allow_private_networks=True, secret_rotation_grace_seconds=60
+    )
+    assert isinstance(validator, NamesDestinations)
+    message = worker_message(1, channel_config={"url": url})
+    adapter = WebhookAdapter(timeout_seconds=1, allow_private_networks=True)
+    own = f"channel:{message.channel_id}"
+    assert validator.config_destination({"url": url}) == destination
+    # the API finds a channel's circuit by the key the worker keeps it under
+    key = channel_destination(validator, message.channel_id, {"url": url})
+    assert key == destination_of(adapter, message) == (destination or own)
 
 
 def test_a_patch_with_a_new_secret_keeps_the_old_one_for_the_grace_period() -> None:

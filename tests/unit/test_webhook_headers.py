@@ -262,3 +262,24 @@ def test_transport_error_scrubs_every_quoted_form() -> None:
     timed_out = transport_error(httpx.ReadTimeout(f"read {TOKEN}"), quoted)
     assert isinstance(timed_out, RetriableError)
     assert str(timed_out) == "timed out: ReadTimeout"
+
+
+@pytest.mark.parametrize(
+    ("exc", "unreachable"),
+    [
+        # the receiver could not be reached, or did not answer: counts towards its circuit
+        (httpx.ConnectError("[Errno 111] Connection refused"), True),
+        (httpx.ConnectTimeout("timed out"), True),
+        (httpx.ReadTimeout("timed out"), True),
+        (httpx.ReadError("connection reset by peer"), True),
+        (OSError("network unreachable"), True),
+        # it answered, if badly: not a circuit failure
+        (httpx.RemoteProtocolError("illegal status line"), False),
+    ],
+)
+def test_a_transport_error_says_whether_the_receiver_was_unreachable(
+    exc: Exception, unreachable: bool
+) -> None:
+    mapped = transport_error(exc, ())
+    assert isinstance(mapped, RetriableError)
+    assert mapped.unreachable is unreachable

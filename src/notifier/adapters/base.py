@@ -4,6 +4,7 @@ one message (the deliverer: it holds the secrets and the connections, built only
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -107,6 +108,22 @@ class HasDestinations(Protocol):
         """A short, stable key naming the receiver (the webhook's origin, ``scheme://host:port``);
         never a secret, since it appears in metrics, logs and the API."""
         ...
+
+
+@runtime_checkable
+class NamesDestinations(Protocol):
+    """Optional, of a channel validator: the destination a stored channel config delivers to,
+    the same key its adapter's ``HasDestinations.destination`` names (None: the channel's own).
+    What the API and the console find a channel's circuit by (docs/architecture.md §5)."""
+
+    def config_destination(self, config: dict[str, Any]) -> str | None: ...
+
+
+def channel_destination(validator: object, channel_id: uuid.UUID, config: dict[str, Any]) -> str:
+    """The destination key of a stored channel, as ``destination_of`` names its messages'."""
+    if isinstance(validator, NamesDestinations) and (named := validator.config_destination(config)):
+        return named
+    return f"channel:{channel_id}"
 
 
 def destination_of(adapter: object, message: WorkerMessage) -> str:

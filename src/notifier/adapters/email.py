@@ -201,17 +201,20 @@ def _refused_reply(exc: aiosmtplib.SMTPResponseException) -> DeliveryError:
 
 
 # What aiosmtplib raises → our error, most specific first. 4xx replies, timeouts, connection
-# and TLS errors are retriable; 5xx replies permanent.
+# and TLS errors are retriable (timeouts and connection errors: the server unreachable, which
+# counts towards the channel's circuit); 5xx replies permanent.
 _SMTP_ERRORS: tuple[tuple[type[Exception] | UnionType, Callable[[Any], DeliveryError]], ...] = (
     (aiosmtplib.SMTPRecipientsRefused, _recipients_refused),
     (aiosmtplib.SMTPResponseException, _refused_reply),
     (
         aiosmtplib.SMTPTimeoutError | TimeoutError,
-        lambda exc: RetriableError(f"timed out: {_clip(str(exc))}"),
+        lambda exc: RetriableError(f"timed out: {_clip(str(exc))}", unreachable=True),
     ),
     (
         aiosmtplib.SMTPConnectError | aiosmtplib.SMTPServerDisconnected | OSError,
-        lambda exc: RetriableError(f"connection failed: {type(exc).__name__}: {_clip(str(exc))}"),
+        lambda exc: RetriableError(
+            f"connection failed: {type(exc).__name__}: {_clip(str(exc))}", unreachable=True
+        ),
     ),
     (  # e.g. a server without SMTPUTF8
         aiosmtplib.SMTPNotSupported,
@@ -349,7 +352,7 @@ class EmailAdapter:
             with trio.fail_after(timeout), smtp_errors(self._password):
                 refused, reply = await aio(self._send, msg)
         except trio.TooSlowError as exc:
-            raise RetriableError(f"timed out after {timeout:g} s") from exc
+            raise RetriableError(f"timed out after {timeout:g} s", unreachable=True) from exc
         return _scrubbed(receipt(refused, reply), self._password)
 
     async def _send(self, msg: EmailMessage) -> tuple[dict[str, aiosmtplib.SMTPResponse], str]:

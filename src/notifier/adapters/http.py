@@ -186,6 +186,11 @@ _DELIVERY_ERRORS: tuple[tuple[type[Exception] | UnionType, type[DeliveryError], 
     (httpx.InvalidURL | httpx.UnsupportedProtocol, PermanentError, "unusable {url}: {text}"),
     (httpx.HTTPError | OSError, RetriableError, "connection failed: {text}"),
 )
+# Of those, the ones that say the receiver could not be reached or did not answer (connect
+# refused or timed out, a read or write that timed out or broke): they count towards opening
+# the destination's circuit (docs/architecture.md §5). A protocol error is an answer, if a bad
+# one.
+_UNREACHABLE: tuple[type[Exception], ...] = (httpx.TimeoutException, httpx.NetworkError, OSError)
 
 
 def delivery_error(
@@ -197,7 +202,10 @@ def delivery_error(
     text = scrub(describe(exc))
     for kind, error, form in _DELIVERY_ERRORS:
         if isinstance(exc, kind):
-            return error(form.format(name=type(exc).__name__, url=url, text=text))
+            message = form.format(name=type(exc).__name__, url=url, text=text)
+            if error is RetriableError:
+                return RetriableError(message, unreachable=isinstance(exc, _UNREACHABLE))
+            return error(message)
     return crash(text)
 
 

@@ -1,6 +1,6 @@
-"""Channels: their health, enabling and disabling one, a new webhook secret (shown once, the old
-one signing on through the rotation's grace period), and a test event sent to one channel,
-followed on its delivery's page."""
+"""Channels: their health (with the circuit of their destination), enabling and disabling
+one, a new webhook secret (shown once, the old one signing on through the rotation's grace
+period), and a test event sent to one channel, followed on its delivery's page."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from quart import Response, redirect
 from notifier.adapters.base import public_config
 from notifier.adapters.webhook import generate_secret
 from notifier.console.web import PREFIX, ConsoleError, page, routes, signed_in_tenant
-from notifier.ingest.api.channels import PATCH_CONFIG_TRIES, patched_config
+from notifier.ingest.api.channels import PATCH_CONFIG_TRIES, circuits_for, patched_config
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.events import ingest
 from notifier.ingest.api.http import ApiError
@@ -40,10 +40,12 @@ async def channels() -> Response:
     found = await ctx.store.list_channels(
         tenant_id, type=None, recipient=None, after=None, limit=MAX_CHANNELS
     )
+    circuits = await circuits_for(found)
     shown = [
-        (c, json.dumps(public_config(ctx.validators.get(c.type), c.config), ensure_ascii=False))
+        (c, json.dumps(public_config(ctx.validators.get(c.type), c.config), ensure_ascii=False),
+         circuits[c.id])
         for c in found
-    ]
+    ]  # fmt: skip
     return await page("channels.html", signed_in=True, channels=shown)
 
 

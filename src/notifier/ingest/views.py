@@ -11,7 +11,7 @@ import msgspec
 
 from notifier.store.rows import DELIVERY_STATUSES
 
-ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "dead", "panic", "replayed")
+ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "panic", "replayed")
 
 # Every timestamp comes from a Postgres timestamptz, so it always carries its offset.
 Timestamp = Annotated[datetime, msgspec.Meta(extra_json_schema={"format": "date-time"})]
@@ -34,10 +34,27 @@ class ErrorBody(_View):
     error: ErrorDetail
 
 
+CIRCUIT_STATES = ("closed", "open", "half_open")
+CircuitState = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(CIRCUIT_STATES)})]
+
+
+class CircuitHealth(_View):
+    """The circuit breaker of the channel's destination (shared by every channel of the type
+    that delivers there): `open` while its deliveries are deferred, `half_open` while one
+    probe tries it (`next_probe_at` is then when that probe's lease ends)."""
+
+    destination: str
+    state: CircuitState
+    consecutive_failures: int
+    opened_at: Timestamp | None
+    next_probe_at: Timestamp | None
+
+
 class ChannelHealth(_View):
     consecutive_failures: int
     failing_since: Timestamp | None
     last_success_at: Timestamp | None
+    circuit: CircuitHealth
 
 
 class ChannelView(_View):

@@ -109,10 +109,13 @@ class AdminQueries(Queries):
 
     @crossing
     async def metrics_snapshot(self) -> MetricsSnapshot:
-        """The scrape-time gauges (outbox depth, open deliveries) in one statement."""
+        """The scrape-time gauges (outbox depth, open deliveries, circuits) in one
+        statement."""
         row = await self._pool.fetchrow(Q["metrics_snapshot"])
         assert row is not None
         return MetricsSnapshot(
             outbox_depth=row["outbox_depth"], pending=row["pending"], retrying=row["retrying"],
             oldest_open_age_seconds=row["oldest_open_age_seconds"],
+            circuits=tuple(zip(row["circuit_types"], row["circuit_destinations"],
+                               row["circuit_states"], strict=True)),
         )  # fmt: skip

@@ -15,6 +15,7 @@ from notifier.store.rows import (
     Channel,
     ChannelChanges,
     Delivery,
+    DestinationCircuit,
     Event,
     IngestResult,
     MetricsSnapshot,
@@ -36,6 +37,10 @@ class ApiStore(Protocol):
     async def metrics_snapshot(self) -> MetricsSnapshot: ...
 
     async def tenant_by_key_hash(self, api_key_hash: str) -> uuid.UUID | None: ...
+
+    async def circuits_of(
+        self, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], DestinationCircuit]: ...
 
     async def create_channel(
         self,

@@ -1,5 +1,5 @@
 """The store's queries for the maintenance loop: the reconciler, retention, outbox hygiene and
-the cleanup of idle rate-limit buckets.
+the cleanup of idle rate-limit buckets and closed circuits.
 They wait on nobody's request, and on a big database one batch may well take longer than a
 request may: their statements have a longer bound of their own."""
 
@@ -49,6 +49,13 @@ class MaintenanceQueries(Queries):
         new bucket is the same); return how many."""
         async with self._maintenance() as conn:
             return len(await conn.fetch(Q["rate_buckets_cleanup"], limit))
+
+    @transaction
+    async def clean_circuits(self, *, limit: int) -> int:
+        """Delete up to ``limit`` circuits closed and unchanged for an hour (a missing row is a
+        closed circuit); return how many."""
+        async with self._maintenance() as conn:
+            return len(await conn.fetch(Q["circuits_cleanup"], limit))
 
     @asynccontextmanager
     async def _maintenance(self) -> AsyncIterator[Conn]:

@@ -2,9 +2,9 @@
 asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
-``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``); what they share (the
-named SQL, the one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``;
-its errors in ``errors``.
+``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``, ``circuits``); what
+they share (the named SQL, the one bridge crossing, the error mapping) in ``base``, the bounded
+pool in ``pool``; its errors in ``errors``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from notifier.bridge import aio, open_bridge
 from notifier.store.admin import AdminQueries
 from notifier.store.attempts import AttemptQueries
 from notifier.store.channels import ChannelQueries
+from notifier.store.circuits import CircuitQueries
 from notifier.store.console import ConsoleQueries
 from notifier.store.deliveries import DeliveryQueries
 from notifier.store.events import EventQueries
@@ -36,6 +37,7 @@ class Store(
     OutboxQueries,
     MaintenanceQueries,
     RateLimitQueries,
+    CircuitQueries,
     ConsoleQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""

@@ -22,16 +22,31 @@ UPDATE tenants SET enabled = $2 WHERE name = $1 RETURNING id;
 -- The scrape-time gauges in one statement: the outbox depth, and the open deliveries (counts by
 -- status, and the age of the least recently changed one) from one scan of the partial index
 -- deliveries_open_idx, which holds only open deliveries. The age is computed by Postgres, so
--- the clocks of other hosts do not enter it.
+-- the clocks of other hosts do not enter it. And the destinations' circuits that are not closed
+-- or changed in the last 10 minutes (so a closing shows as a 0), at most 500, the open first:
+-- the series stay few.
 SELECT
     (SELECT count(*) FROM outbox) AS outbox_depth,
     d.pending,
     d.retrying,
-    d.oldest_open_age_seconds
+    d.oldest_open_age_seconds,
+    c.circuit_types,
+    c.circuit_destinations,
+    c.circuit_states
 FROM (
     SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending,
            count(*) FILTER (WHERE status = 'RETRYING') AS retrying,
            extract(epoch FROM now() - min(updated_at))::float8 AS oldest_open_age_seconds
     FROM deliveries
     WHERE status IN ('PENDING', 'RETRYING')
-) AS d;
+) AS d, (
+    SELECT coalesce(array_agg(channel_type), '{}') AS circuit_types,
+           coalesce(array_agg(destination), '{}') AS circuit_destinations,
+           coalesce(array_agg(state), '{}') AS circuit_states
+    FROM (
+        SELECT channel_type, destination, state FROM circuits
+        WHERE state <> 'closed' OR changed_at > now() - interval '10 minutes'
+        ORDER BY state = 'closed', changed_at DESC
+        LIMIT 500
+    ) AS recent
+) AS c;

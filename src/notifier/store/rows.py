@@ -153,6 +153,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pending: int  # deliveries PENDING
     retrying: int  # deliveries RETRYING
     oldest_open_age_seconds: float | None  # since the open delivery changed least recently
+    # (channel type, destination, state) of the circuits not closed or changed lately
+    circuits: tuple[tuple[str, str, str], ...] = ()
 
 
 class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,3 +164,13 @@ class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
     queued: int
     more: bool
     next: tuple[datetime, uuid.UUID] | None
+
+
+class DestinationCircuit(msgspec.Struct, frozen=True, kw_only=True):
+    """A destination's circuit breaker as the API and the console show it (a destination with
+    no row is closed, with no failure)."""
+
+    state: str  # closed, open, half_open
+    consecutive_failures: int = 0
+    opened_at: datetime | None = None
+    next_probe_at: datetime | None = None  # half-open: when the probe's lease ends

@@ -38,6 +38,7 @@ from notifier.store.rows import (
     ChannelChanges,
     Delivery,
     DeliverySummary,
+    DestinationCircuit,
     Event,
     IngestResult,
     MetricsSnapshot,
@@ -78,6 +79,8 @@ class MemoryApiStore(ApiStore):
         self.enqueued: list[uuid.UUID] = []  # delivery ids handed to the outbox, in order
         self.unavailable = False
         self.buckets = MemoryBuckets()  # the ingest rate limit's
+        # destinations' circuits by (channel type, destination); a test sets them
+        self.circuits: dict[tuple[str, str], DestinationCircuit] = {}
         self._last_time = datetime.now(UTC)
 
     # -- for tests ----------------------------------------------------------------------------
@@ -129,6 +132,12 @@ class MemoryApiStore(ApiStore):
         """Always the schema this code knows, unless ``schema`` was set."""
         await self._call()
         return self.schema
+
+    async def circuits_of(
+        self, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], DestinationCircuit]:
+        await self._call()
+        return {k: self.circuits[k] for k in keys if k in self.circuits}
 
     async def metrics_snapshot(self) -> MetricsSnapshot:
         await self._call()

@@ -89,13 +89,16 @@ def decide(
     return Decision(status="DEAD", outcome="dead", settle=Settle.REJECT)
 
 
-def decide_rate_limited(wait_seconds: float, *, policy: RetryPolicy, now: datetime) -> Decision:
+def decide_rate_limited(
+    wait_seconds: float, *, policy: RetryPolicy, now: datetime, outcome: str = "rate_limited"
+) -> Decision:
     """The adapter asked to wait: the same attempt goes to the tier covering the wait, the
-    delivery keeps its status and attempt (no attempt is used up), the original is acked."""
+    delivery keeps its status and attempt (no attempt is used up), the original is acked.
+    ``outcome`` ``deferred``: the destination's circuit is open, the same rule."""
     tier = tier_for(wait_seconds, policy.tiers_seconds)
     return Decision(
         status=None,
-        outcome="rate_limited",
+        outcome=outcome,
         settle=Settle.ACK,
         retry_tier=tier,
         next_attempt_at=now + timedelta(seconds=tier),

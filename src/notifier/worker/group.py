@@ -20,6 +20,7 @@ from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.ratelimit import SharedBuckets
+from notifier.worker.circuit import Breaker, SharedCircuits, breaker_for
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.fair import FairDispatch, FairShare, Pending
 from notifier.worker.handle import Handler
@@ -34,9 +35,9 @@ from notifier.worker.observe import (
 log = logging.getLogger("notifier.worker")
 
 
-class WorkerStore(BatchStore, SharedBuckets, Protocol):
-    """What a worker group needs of the store: delivery states and attempts, batched, and the
-    shared rate-limit buckets."""
+class WorkerStore(BatchStore, SharedBuckets, SharedCircuits, Protocol):
+    """What a worker group needs of the store: delivery states and attempts, batched, the
+    shared rate-limit buckets and the destinations' circuits."""
 
 
 async def worker_task(
@@ -126,11 +127,12 @@ async def run_worker_group(
             )  # fmt: skip
             # a retry tier deleted under the group is declared again by the first return
             publish = RepairingPublish(retries, publishing.declare, topology)
+            circuits: Breaker | None = breaker_for(store, channel_type, workers)
             handler = Handler(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
                 policy=config.retry,
                 observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
-                limits=store,
+                limits=store, circuits=circuits,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             dispatch = FairDispatch(
@@ -146,6 +148,8 @@ async def run_worker_group(
             })  # fmt: skip
             nursery.start_soon(deliveries.run)
             nursery.start_soon(retries.run)
+            if circuits is not None:
+                nursery.start_soon(circuits.run)
             task_status.started()
             log.info(
                 "worker group %s: consuming with %d tasks, at most %d per destination",

@@ -1,6 +1,7 @@
-"""One message, start to finish (docs/architecture.md §5): decode → skip if settled → rate limit
-(buckets shared by every process, taken in one statement, only where a limit applies) →
-deliver → publish the retry → record → settle.
+"""One message, start to finish (docs/architecture.md §5): decode → skip if settled → the
+destination's circuit (``worker.circuit``: deferred while open) → rate limit (buckets shared by
+every process, taken in one statement, only where a limit applies) → deliver → publish the
+retry → record → settle.
 
 Per-message failures never leave ``handle``: anything an adapter raises becomes an attempt row
 and a settlement, and the worker task goes on with the next message. ``trio.Cancelled`` always
@@ -29,13 +30,14 @@ from typing import Protocol
 import msgspec
 import trio
 
-from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter
+from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter, destination_of
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
 from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message, encode_message
 from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
+from notifier.worker.circuit import Breaker, Gate
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 from notifier.worker.observe import DEFERRED, UNDECODABLE, Observers, Outcome, OutcomeObserver
 
@@ -74,9 +76,11 @@ class Attempted(msgspec.Struct, kw_only=True):
     response_excerpt: str | None = None
     retry_after: float | None = None
     rate_limit_wait: float | None = None
+    defer_wait: float | None = None  # the destination's circuit is open: wait this long
     disable_channel: bool = False
     exc: BaseException | None = None
     called: bool = True  # False: the adapter was not called (channel not enabled, rate limited)
+    unreachable: bool = False  # the receiver could not be reached or did not answer
 
 
 class Handler:
@@ -90,16 +94,19 @@ class Handler:
         policy: RetryPolicy,
         observer: OutcomeObserver | None = None,
         limits: SharedBuckets | None = None,
+        circuits: Breaker | None = None,
     ) -> None:
         """``observer`` is told what each message came to (``worker.group.outcome_observers``
         composes the metrics, the log line and Sentry); without one, nothing is told.
         ``limits`` keeps the rate-limit buckets (the store: shared by every process); a message
         that needs a bucket (its channel's ``rate_limit_per_second``, the adapter's
-        ``rate_buckets``) in a handler without it is a panic."""
+        ``rate_buckets``) in a handler without it is a panic. ``circuits``: the destinations'
+        circuit breakers (none: every delivery is attempted)."""
         self._store = store
         self._adapter = adapter
         self._limiter = adapter if isinstance(adapter, RateLimiter) else None
         self._limits = limits
+        self._circuits = circuits
         self._refusals = Refusals()  # refused takes, answered again here until their time
         self._publish = publish
         self._timeout = timeout_seconds
@@ -237,10 +244,14 @@ class Handler:
                 called=False,
             )  # fmt: skip
         else:
-            attempted = await self._attempt(message, state.rate_limit_per_second)
+            attempted = await self._guarded_attempt(message, state.rate_limit_per_second)
         duration_ms = int((trio.current_time() - t0) * 1000)
         now = datetime.now(UTC)
-        if attempted.rate_limit_wait is not None:
+        if attempted.defer_wait is not None:
+            decision = decide_rate_limited(
+                attempted.defer_wait, policy=self._policy, now=now, outcome="deferred"
+            )
+        elif attempted.rate_limit_wait is not None:
             decision = decide_rate_limited(attempted.rate_limit_wait, policy=self._policy, now=now)
         else:
             decision = decide(
@@ -270,6 +281,31 @@ class Handler:
             extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
         )  # fmt: skip
         return Settle.REQUEUE
+
+    async def _guarded_attempt(
+        self, message: WorkerMessage, channel_rate: float | None
+    ) -> Attempted:
+        """``_attempt`` behind the destination's circuit: deferred while it is open (not
+        attempted, no statement), the probe when one is due, and what the attempt showed of
+        the receiver counted (a statement only when the circuit is in trouble or it could not
+        be reached)."""
+        if self._circuits is None:
+            return await self._attempt(message, channel_rate)
+        destination = destination_of(self._adapter, message)
+        admission = await self._circuits.admit(destination)
+        if admission.gate is Gate.DEFER:
+            return Attempted(
+                result=Result.RETRIABLE, defer_wait=admission.wait, called=False,
+                error=f"circuit open: {destination} could not be reached; not attempted",
+            )  # fmt: skip
+        probe = admission.gate is Gate.PROBE
+        attempted = await self._attempt(message, channel_rate)
+        if attempted.called and attempted.result is not Result.PANIC:
+            if attempted.unreachable:
+                await self._circuits.unreachable(destination, probe=probe)
+            else:
+                await self._circuits.reached(destination, probe=probe)
+        return attempted
 
     async def _rate_limit_wait(self, message: WorkerMessage, channel_rate: float | None) -> float:
         """Take a token of every bucket the message needs (the channel's, the adapter's), all
@@ -309,11 +345,14 @@ class Handler:
         except StoreError:
             raise  # the buckets could not be read: handled like any store failure
         except trio.TooSlowError:
-            return Attempted(result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s")
+            return Attempted(
+                result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s",
+                unreachable=True,
+            )  # fmt: skip
         except RetriableError as exc:
             return Attempted(
                 result=Result.RETRIABLE, error=str(exc), status_code=exc.status_code,
-                retry_after=exc.retry_after,
+                retry_after=exc.retry_after, unreachable=exc.unreachable,
             )  # fmt: skip
         except PermanentError as exc:
             return Attempted(

@@ -136,8 +136,9 @@ class WebhookAdapter:
         try:
             addresses = await self._rules.resolve(host, port, deadline=deadline)
         except trio.TooSlowError as exc:
-            raise RetriableError(
-                f"could not resolve {host}: timed out after {self._timeout:g} s"
+            raise RetriableError(  # the receiver cannot be reached: counts for its circuit
+                f"could not resolve {host}: timed out after {self._timeout:g} s",
+                unreachable=True,
             ) from exc
         except OSError as exc:
             raise RetriableError(f"could not resolve {host}: {exc}") from exc

@@ -190,6 +190,20 @@ class WebhookChannels:
         )  # fmt: skip
         return prepared
 
+    def config_destination(self, config: dict[str, Any]) -> str | None:
+        """``NamesDestinations``: the origin a stored config's URL points at, as the adapter's
+        ``destination`` names it (``scheme://host:port``, the host as dialed); None for a URL
+        that cannot be sent to (a destination of its own)."""
+        try:
+            url = httpx.URL(config["url"])
+        except (KeyError, TypeError, httpx.InvalidURL):
+            return None
+        if url.scheme not in ("http", "https") or not url.raw_host:
+            return None
+        host = dial_host(url)
+        host = f"[{host}]" if ":" in host else host
+        return f"{url.scheme}://{host}:{default_port(url)}"
+
     async def check_destination(self, config: dict[str, Any]) -> None:
         """At channel create/patch: refuse a host that resolves to a blocked address now (with
         private networks allowed, only the always-closed ones are). A host that does not

@@ -6,6 +6,7 @@ not replace them."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -16,6 +17,7 @@ from notifier.adapters.base import (
     ChecksDestination,
     InvalidChannelConfig,
     UpdatesConfig,
+    channel_destination,
     public_config,
 )
 from notifier.ingest.api.auth import current_tenant
@@ -23,9 +25,9 @@ from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.api.pagination import cursor_arg, limit_arg, split_page
 from notifier.ingest.models import ChannelIn, ChannelPatch
-from notifier.ingest.views import ChannelHealth, ChannelPage, ChannelView
+from notifier.ingest.views import ChannelHealth, ChannelPage, ChannelView, CircuitHealth
 from notifier.store.errors import ConfigChanged
-from notifier.store.rows import Channel, ChannelChanges
+from notifier.store.rows import Channel, ChannelChanges, DestinationCircuit
 
 # Reads of a channel a PATCH of its config makes the new config from, at most: each further one
 # follows a concurrent change of the config between the read and the write.
@@ -34,8 +36,33 @@ PATCH_CONFIG_TRIES = 5
 routes = Blueprint("channels", __name__)
 
 
+CLOSED = DestinationCircuit(state="closed")
+
+
+async def circuits_for(channels: Sequence[Channel]) -> dict[uuid.UUID, CircuitHealth]:
+    """The circuit of each channel's destination, in one store call (docs/architecture.md §5)."""
+    validators = api_context().validators
+    keys = {
+        c.id: (c.type, channel_destination(validators.get(c.type), c.id, c.config))
+        for c in channels
+    }
+    found = await api_context().store.circuits_of(sorted(set(keys.values())))
+    circuits: dict[uuid.UUID, CircuitHealth] = {}
+    for channel_id, key in keys.items():
+        c = found.get(key, CLOSED)
+        circuits[channel_id] = CircuitHealth(
+            destination=key[1], state=c.state, consecutive_failures=c.consecutive_failures,
+            opened_at=c.opened_at, next_probe_at=c.next_probe_at,
+        )  # fmt: skip
+    return circuits
+
+
 def channel_view(
-    channel: Channel, validator: ChannelValidator | None, *, reveal: bool = False
+    channel: Channel,
+    validator: ChannelValidator | None,
+    circuit: CircuitHealth,
+    *,
+    reveal: bool = False,
 ) -> ChannelView:
     return ChannelView(
         id=channel.id,
@@ -51,6 +78,7 @@ def channel_view(
             consecutive_failures=channel.consecutive_failures,
             failing_since=channel.failing_since,
             last_success_at=channel.last_success_at,
+            circuit=circuit,
         ),
         max_attempts=channel.max_attempts,
         rate_limit_per_second=channel.rate_limit_per_second,
@@ -59,9 +87,15 @@ def channel_view(
     )
 
 
-def stored_view(channel: Channel) -> ChannelView:
+def stored_view(channel: Channel, circuit: CircuitHealth) -> ChannelView:
     """``channel`` as every answer but its creation's shows it: its type's secrets hidden."""
-    return channel_view(channel, api_context().validators.get(channel.type))
+    return channel_view(channel, api_context().validators.get(channel.type), circuit)
+
+
+async def stored_views(channels: Sequence[Channel]) -> list[ChannelView]:
+    """``stored_view`` of each channel, with the circuits of their destinations."""
+    circuits = await circuits_for(channels)
+    return [stored_view(c, circuits[c.id]) for c in channels]
 
 
 def validator_for(channel_type: str) -> ChannelValidator:
@@ -114,7 +148,8 @@ async def create_channel() -> Response:
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
     )  # fmt: skip
-    return json_response(channel_view(channel, validator, reveal=True), 201)
+    [circuit] = (await circuits_for([channel])).values()
+    return json_response(channel_view(channel, validator, circuit, reveal=True), 201)
 
 
 @routes.get("/v1/channels")
@@ -126,7 +161,7 @@ async def list_channels() -> Response:
         after=cursor_arg(), limit=limit + 1,
     )  # fmt: skip
     page, next_cursor = split_page(rows, limit, lambda c: (c.created_at, c.id))
-    return json_response(ChannelPage(items=[stored_view(c) for c in page], next_cursor=next_cursor))
+    return json_response(ChannelPage(items=await stored_views(page), next_cursor=next_cursor))
 
 
 @routes.get("/v1/channels/<uuid:channel_id>")
@@ -134,7 +169,8 @@ async def get_channel(channel_id: uuid.UUID) -> Response:
     channel = await api_context().store.get_channel(await current_tenant(), channel_id)
     if channel is None:
         raise ApiError(404, "not_found", "channel not found")
-    return json_response(stored_view(channel))
+    [view] = await stored_views([channel])
+    return json_response(view)
 
 
 @routes.patch("/v1/channels/<uuid:channel_id>")
@@ -163,7 +199,8 @@ async def patch_channel(channel_id: uuid.UUID) -> Response:
             continue
         if updated is None:
             raise ApiError(404, "not_found", "channel not found")
-        return json_response(stored_view(updated))
+        [view] = await stored_views([updated])
+        return json_response(view)
     raise ApiError(
         409, "conflict", "the channel's config kept changing while this PATCH was made; "
         "send it again",
