@@ -533,8 +533,9 @@ async def test_resolution_that_stalls_ends_at_the_attempts_deadline(autojump_clo
     adapter = adapter_with(slow_resolver(3600), dialer)
     with pytest.raises(
         RetriableError, match=r"^could not resolve hook\.example: timed out after 3 s$"
-    ):
+    ) as info:
         await adapter.deliver(HOOK)
+    assert info.value.unreachable
     assert trio.current_time() == 3.0
     assert dialer.dialed == []
 
@@ -548,6 +549,7 @@ async def test_the_deadline_covers_resolution_and_the_exchange_together(
     with pytest.raises(RetriableError) as info:
         await adapter.deliver(HOOK)
     assert str(info.value) == "timed out after 3 s waiting for the answer"
+    assert info.value.unreachable  # a receiver that does not answer counts for its circuit
     assert trio.current_time() == 3.0
     await adapter.aclose()
 

@@ -216,7 +216,8 @@ class WebhookAdapter:
                 origin, addresses, end.target, fields, body, deadline=deadline
             )
         except httpx.TimeoutException as exc:  # the deadline: the client names the phase
-            failure = RetriableError(f"timed out after {self._timeout:g} s {exc}")
+            # a receiver that did not answer in time: counts for its circuit
+            failure = RetriableError(f"timed out after {self._timeout:g} s {exc}", unreachable=True)
         except Exception as exc:
             # Scrubbed of what the error could quote: the custom header values, the signature;
             # and of the addresses a name resolved to (the client's texts name none: a net).
