@@ -240,7 +240,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- Rate limits shared by every process (notifier/ratelimit.py, docs/architecture.md §5): one row
--- per bucket, named by `key` (`telegram:<bot>:chat:<chat>`, `channel:<id>`, `ingest:<tenant>`).
+-- per bucket, named by `key` (`telegram:<bot>`, `telegram:<bot>:tenant:<tenant>`,
+-- `telegram:<bot>:tenant:<tenant>:chat:<chat>`, `channel:<id>`, `ingest:<tenant>`).
 -- Times are seconds since the epoch on Postgres's clock, so the processes' clocks do not matter.
 -- A "window" bucket keeps in `spent` when each of its tokens still out was spent (each comes back
 -- `period` seconds later); a "refilling" bucket keeps its theoretical arrival time `tat` (GCRA).

@@ -5,7 +5,8 @@ at a time, rounds of each kind interleaved so that the machine's drift hits each
 
 - ``ping``: a trivial statement, the floor of any store call;
 - ``channel``: a delivery of a channel with ``rate_limit_per_second`` (one window bucket);
-- ``telegram``: a Telegram delivery (the chat's bucket and the bot's, together);
+- ``telegram``: a Telegram delivery (the chat's bucket, the tenant's share and the bot's,
+  together);
 - ``ingest``: the per-API-key check (a refilling bucket).
 
 A delivery without a limit makes no such call: its extra cost is zero. Then, on one plain asyncpg
@@ -59,7 +60,11 @@ async def _store_calls(store: Store) -> None:
         # many tokens, a short period: the bench measures the statement, never a refusal
         "channel": lambda: store.take_tokens([Bucket(f"channel:{next(n) % 100}", 50, 0.001)]),
         "telegram": lambda: store.take_tokens(
-            [Bucket(f"telegram:1:chat:{next(n)}", 1, 1.0), Bucket("telegram:1", 50, 0.001)]
+            [
+                Bucket(f"telegram:1:tenant:{(i := next(n)) % 4}:chat:{i}", 1, 1.0),
+                Bucket(f"telegram:1:tenant:{i % 4}", 50, 0.001),
+                Bucket("telegram:1", 50, 0.001),
+            ]
         ),
         "ingest": lambda: store.admit("ingest:bench", 1, capacity=100, rate=100_000.0),
     }

@@ -313,6 +313,23 @@ class TelegramWorkersConfig(WorkerGroupConfig, frozen=True):
     api_base_url: str = "https://api.telegram.org"
     per_chat_per_second: PositiveFloat = 1.0
     per_bot_per_second: PositiveFloat = 30.0
+    # One tenant's share of the bot: unset, a quarter of per_bot_per_second.
+    per_tenant_per_second: PositiveFloat | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        tenant = self.per_tenant_per_second
+        if tenant is not None and tenant > self.per_bot_per_second:
+            raise key_error(
+                "per_tenant_per_second",
+                f"must be at most per_bot_per_second ({self.per_bot_per_second:g}), got {tenant:g}",
+            )
+
+    @property
+    def tenant_rate_per_second(self) -> float:
+        """``per_tenant_per_second``, or a quarter of ``per_bot_per_second`` when unset."""
+        tenant = self.per_tenant_per_second
+        return self.per_bot_per_second / 4 if tenant is None else tenant
 
 
 class WorkersConfig(_Section, frozen=True):

@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from notifier.config import Config
+from notifier.store import open_store
 from notifier.testing import (
     BOT_BLOCKED,
     CHAT_NOT_FOUND,
@@ -36,6 +37,7 @@ from tests.integration.conftest import (
     delivery,
     make_config,
     outcomes,
+    poll,
     run_notifier,
     sql,
     wait_status,
@@ -229,6 +231,84 @@ async def test_messages_to_one_chat_are_spread_a_second_apart_without_using_atte
         database_url, "SELECT status, attempt FROM deliveries WHERE id = ANY($1)", all_ids
     )
     assert {(r["status"], r["attempt"]) for r in rows} == {("DELIVERED", 1)}
+
+
+# Arrival times jitter around the times their tokens were taken by this much at most.
+JITTER_SECONDS = 0.15
+FLOOD_CHATS = 10
+
+
+async def test_a_tenant_flooding_the_bot_is_held_to_its_share_by_the_fleets_buckets(
+    database_url: str, broker_url: str
+) -> None:
+    """Two worker groups (two services, two pools: a fleet of two) send for one bot, each to a
+    Bot API of its own so that each one's share shows. A tenant floods ten chats at once; its
+    share (2/s) holds across both, and another tenant's messages, to two of the same chat ids,
+    take their tokens at the first ask, while the bot (8/s) has tokens left."""
+    flooder, other = await create_tenant(database_url), await create_tenant(database_url)
+    limits = {"per_bot_per_second": 8, "per_tenant_per_second": 2}
+    async with open_fake_bot_api(TOKEN) as bot_1, open_fake_bot_api(TOKEN) as bot_2:
+
+        async def flood_started() -> bool:
+            return bool(bot_1.calls or bot_2.calls)
+
+        first = telegram_config(database_url, broker_url, bot_1.url, **limits)
+        second = telegram_config(database_url, broker_url, bot_2.url, **limits)
+        async with (
+            run_notifier(first) as running,
+            run_notifier(second, roles=("workers",)),
+            running.client(flooder) as api_a,
+            running.client(other) as api_b,
+        ):
+            for chat in range(1, FLOOD_CHATS + 1):
+                await create_channel(api_a, chat, max_attempts=1)
+            for chat in (1, 2):
+                await create_channel(api_b, chat, max_attempts=1)
+            # one delivery to each of the ten chats; the payload is in the text sent
+            flood = await post_event(api_a, payload={"from": "flooder"})
+            with trio.fail_after(30):
+                await poll(flood_started, interval_seconds=0.01)
+            others = await post_event(api_b, payload={"from": "other"})
+            with trio.fail_after(30):
+                for delivery_id in [*others.values(), *flood.values()]:
+                    await wait_status(database_url, delivery_id, "DELIVERED")
+        calls = bot_1.sent() + bot_2.sent()
+    assert len(calls) == FLOOD_CHATS + 2 == len(bot_1.calls) + len(bot_2.calls)
+    # both groups sent: the share held between them
+    assert bot_1.sent()
+    assert bot_2.sent()
+    rows = await sql(
+        database_url,
+        "SELECT d.id, c.tenant_id, a.attempt, a.outcome"
+        " FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
+        " JOIN channels c ON c.id = d.channel_id",
+    )
+    assert {r["attempt"] for r in rows} == {1}
+    tenant_a = {r["tenant_id"] for r in rows if str(r["id"]) in flood.values()}
+    tenant_b = {r["tenant_id"] for r in rows if str(r["id"]) in others.values()}
+    # The other tenant was never held: each of its messages took its tokens at the first ask.
+    assert [r["outcome"] for r in rows if r["tenant_id"] in tenant_b] == ["delivered"] * 2
+    # The flood waited for its share (the bot alone would have let 8 go at once).
+    assert any(r["outcome"] == "rate_limited" for r in rows if r["tenant_id"] in tenant_a)
+    # Its ten messages arrived at 2/s at most: any two arrivals two apart are a second apart.
+    a_times = sorted(c.at for c in calls if "flooder" in (c.text or ""))
+    assert len(a_times) == FLOOD_CHATS
+    assert sorted(c.chat_id for c in calls if "other" in (c.text or "")) == [1, 2]
+    for earlier, later in zip(a_times, a_times[2:], strict=False):
+        assert later - earlier >= 1 - 2 * JITTER_SECONDS, a_times
+    # The buckets are the tenants' own: a chat bucket and a share per tenant, one for the bot.
+    bot_key = f"telegram:{TOKEN.split(':')[0]}"
+    keys = {r["key"] for r in await sql(database_url, "SELECT key FROM rate_buckets")}
+    (a_id,), (b_id,) = tenant_a, tenant_b
+    assert keys == {
+        bot_key, f"{bot_key}:tenant:{a_id}", f"{bot_key}:tenant:{b_id}",
+        *(f"{bot_key}:tenant:{a_id}:chat:{n}" for n in range(1, FLOOD_CHATS + 1)),
+        f"{bot_key}:tenant:{b_id}:chat:1", f"{bot_key}:tenant:{b_id}:chat:2",
+    }  # fmt: skip
+    # Maintenance deletes them like any other bucket once they have been full for a while.
+    await sql(database_url, "UPDATE rate_buckets SET full_at = now() - interval '2 minutes'")
+    async with open_store(database_url) as store:
+        assert await store.clean_rate_buckets(limit=100) == len(keys)
 
 
 async def test_chat_not_found_and_a_blocked_bot_are_dead_and_the_blocked_channel_is_disabled(

@@ -1,14 +1,15 @@
 """Telegram adapter without a network: config, text and request building, classifying Bot API
-answers, keeping the bot token out of errors and logs, and the per-chat/per-bot rate limits
-(the buckets it names, taken from in-memory shared buckets under trio's MockClock).
+answers, keeping the bot token out of errors and logs, and the per-chat/per-tenant/per-bot rate
+limits (the buckets it names, taken from in-memory shared buckets under trio's MockClock).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -55,6 +56,14 @@ def message(n: int = 1, **changes: Any) -> WorkerMessage:
 
 def to_chat(chat_id: int | str, n: int = 1) -> WorkerMessage:
     return message(n, channel_config={"chat_id": chat_id})
+
+
+TENANT_A = worker_message().tenant_id  # every message's tenant unless it says otherwise
+TENANT_B = uuid.UUID(int=0xB)
+
+
+def of_tenant(tenant: uuid.UUID, chat_id: int | str, n: int = 1) -> WorkerMessage:
+    return message(n, tenant_id=tenant, channel_config={"chat_id": chat_id})
 
 
 @pytest.fixture
@@ -499,6 +508,42 @@ def test_from_config_reads_the_token_from_the_named_variable() -> None:
 
 
 @pytest.mark.parametrize(
+    ("values", "share", "tokens"),
+    [
+        ({}, 7.5, 7),  # a quarter of the bot's 30/s
+        ({"per_bot_per_second": 8}, 2.0, 2),
+        ({"per_tenant_per_second": 12}, 12.0, 12),
+        ({"per_bot_per_second": 10, "per_tenant_per_second": 2.5}, 2.5, 2),
+    ],
+)
+def test_a_tenants_share_comes_from_the_config(
+    values: dict[str, float], share: float, tokens: int
+) -> None:
+    cfg = telegram_config(bot_token_env="TG", **values)
+    assert cfg.tenant_rate_per_second == share
+    adapter = TelegramAdapter.from_config(cfg, {"TG": TOKEN})
+    _, tenant, _ = adapter.rate_buckets(to_chat(1))
+    assert tenant.key.endswith(f":tenant:{TENANT_A}")
+    assert (tenant.tokens, tenant.period) == (tokens, pytest.approx(tokens / share))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"per_tenant_per_second": 31},  # over the default bot rate
+        {"per_bot_per_second": 4, "per_tenant_per_second": 4.5},
+        {"per_tenant_per_second": 0},
+        {"per_tenant_per_second": -1},
+    ],
+)
+def test_a_tenants_share_outside_0_to_the_bots_rate_is_a_config_error(
+    values: dict[str, float],
+) -> None:
+    with pytest.raises(ConfigError, match=r"^workers\.telegram\.per_tenant_per_second: "):
+        telegram_config(**values)
+
+
+@pytest.mark.parametrize(
     ("environ", "base", "says"),
     [
         ({}, "https://api.telegram.org", "workers.telegram.bot_token_env: "),
@@ -543,17 +588,64 @@ def test_a_bucket_per_second(rate: float, tokens: int, period: float) -> None:
     assert (bucket.tokens, bucket.period) == (tokens, pytest.approx(period))
 
 
-def test_the_buckets_are_the_chats_and_the_bots_keyed_by_the_bots_id() -> None:
+def test_the_buckets_are_the_tenants_chat_the_tenants_share_and_the_bots() -> None:
     adapter = TelegramAdapter(TOKEN, api_base_url=BASE, per_chat_per_second=0.5)
-    chat, bot = adapter.rate_buckets(to_chat("@My_Channel"))
+    msg = to_chat("@My_Channel")
+    chat, tenant, bot = adapter.rate_buckets(msg)
     bot_id = TOKEN.split(":")[0]
-    assert chat == Bucket(f"telegram:{bot_id}:chat:@my_channel", 1, 2.0)
+    assert chat == Bucket(f"telegram:{bot_id}:tenant:{msg.tenant_id}:chat:@my_channel", 1, 2.0)
+    # a quarter of the bot's 30/s by default: 7 tokens over 7 / 7.5 s
+    assert (tenant.key, tenant.tokens, tenant.period) == (
+        f"telegram:{bot_id}:tenant:{msg.tenant_id}",
+        7,
+        pytest.approx(7 / 7.5),
+    )
     assert bot == Bucket(f"telegram:{bot_id}", 30, 1.0)
-    assert TOKEN.split(":")[1] not in chat.key + bot.key  # only the token's public part
+    assert TOKEN.split(":")[1] not in chat.key + tenant.key + bot.key  # the public part only
     other = TelegramAdapter("555:AAother", api_base_url=BASE)
     assert {b.key for b in other.rate_buckets(to_chat("@my_channel"))}.isdisjoint(
-        {chat.key, bot.key}
+        {chat.key, tenant.key, bot.key}
     )
+
+
+async def test_the_same_chat_id_under_two_tenants_is_two_buckets(
+    adapter: TelegramAdapter, mock_clock: trio.testing.MockClock
+) -> None:
+    chat_a, tenant_a, bot_a = adapter.rate_buckets(of_tenant(TENANT_A, 4242))
+    chat_b, tenant_b, bot_b = adapter.rate_buckets(of_tenant(TENANT_B, 4242))
+    assert chat_a.key != chat_b.key
+    assert tenant_a.key != tenant_b.key
+    assert bot_a == bot_b
+    buckets = MemoryBuckets()
+    assert await take(adapter, buckets, of_tenant(TENANT_A, 4242)) == 0.0
+    assert await take(adapter, buckets, of_tenant(TENANT_A, 4242)) == pytest.approx(1.0)
+    # A spent its chat's token: B's chat of the same id still has its own
+    assert await take(adapter, buckets, of_tenant(TENANT_B, 4242)) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("share", "kinds"),
+    [
+        (30.0, ["chat", "bot"]),  # the bot's whole rate: a tenant's bucket would add no limit
+        (29.0, ["chat", "tenant", "bot"]),
+        (None, ["chat", "tenant", "bot"]),  # the default: a quarter of the bot's rate
+    ],
+)
+def test_the_tenants_bucket_is_left_out_only_when_its_share_is_the_bots_rate(
+    share: float | None, kinds: list[str]
+) -> None:
+    adapter = TelegramAdapter(
+        TOKEN, api_base_url=BASE, per_bot_per_second=30, per_tenant_per_second=share
+    )
+    keys = [b.key for b in adapter.rate_buckets(to_chat(1))]
+    bot = f"telegram:{TOKEN.split(':')[0]}"
+    named = {"chat": f"{bot}:tenant:{TENANT_A}:chat:1", "tenant": f"{bot}:tenant:{TENANT_A}"}
+    assert keys == [named.get(kind, bot) for kind in kinds]
+
+
+def test_a_tenants_share_above_the_bots_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="per_tenant_per_second"):
+        TelegramAdapter(TOKEN, api_base_url=BASE, per_bot_per_second=2, per_tenant_per_second=3)
 
 
 async def take(adapter: TelegramAdapter, buckets: MemoryBuckets, msg: WorkerMessage) -> float:
@@ -630,7 +722,10 @@ def test_an_unusable_chat_id_is_not_rate_limited(adapter: TelegramAdapter) -> No
 async def test_the_bot_sends_at_most_30_messages_in_any_second(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    adapter = TelegramAdapter(TOKEN, api_base_url=BASE, per_bot_per_second=30)
+    # one tenant whose share is the bot's whole rate
+    adapter = TelegramAdapter(
+        TOKEN, api_base_url=BASE, per_bot_per_second=30, per_tenant_per_second=30
+    )
     buckets = MemoryBuckets()
     start = trio.current_time()
     sent: list[tuple[object, float]] = []
@@ -648,8 +743,9 @@ async def test_the_chat_and_the_bot_are_taken_from_both_or_neither(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     adapter = TelegramAdapter(
-        TOKEN, api_base_url=BASE, per_chat_per_second=0.5, per_bot_per_second=2
-    )
+        TOKEN, api_base_url=BASE, per_chat_per_second=0.5, per_bot_per_second=2,
+        per_tenant_per_second=2,
+    )  # fmt: skip
     buckets = MemoryBuckets()
     assert await take(adapter, buckets, to_chat(1)) == 0.0
     assert await take(adapter, buckets, to_chat(1)) == pytest.approx(2.0)  # one per 2 s per chat
@@ -658,3 +754,75 @@ async def test_the_chat_and_the_bot_are_taken_from_both_or_neither(
     mock_clock.jump(1.0)
     # chat 3 was refused above with nothing taken: its own bucket is still full
     assert await take(adapter, buckets, to_chat(3)) == 0.0
+
+
+# -- each tenant's share of the bot -------------------------------------------------------------
+
+
+class Sent(NamedTuple):
+    tenant: uuid.UUID
+    asked: float  # since the start
+    at: float  # since the start, when the tokens were taken
+
+
+async def send_at(
+    adapter: TelegramAdapter, buckets: MemoryBuckets, msg: WorkerMessage, asked: float,
+    sent: list[Sent], start: float,
+) -> None:  # fmt: skip
+    """``send_when_allowed`` for a message that arrives ``asked`` seconds after ``start``."""
+    await trio.sleep_until(start + asked)
+    while wait := await take(adapter, buckets, msg):
+        assert wait > 0
+        await trio.sleep(wait)
+    sent.append(Sent(msg.tenant_id, asked, round(trio.current_time() - start, 6)))
+
+
+def most_in_a_window(times: list[float], seconds: float) -> int:
+    """The most of ``times`` within any window of ``seconds`` (less rounding's micro-second)."""
+    return max(sum(1 for t in times if t0 <= t < t0 + seconds - 1e-6) for t0 in times)
+
+
+async def test_a_tenant_flooding_the_bot_gets_its_share_and_another_gets_tokens_at_once(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    adapter = TelegramAdapter(TOKEN, api_base_url=BASE)  # 30/s per bot, 7.5/s per tenant
+    period = 7 / 7.5  # the tenant's bucket: 7 tokens, each back this long after it was spent
+    buckets = MemoryBuckets()
+    start = trio.current_time()
+    sent: list[Sent] = []
+    async with trio.open_nursery() as nursery:
+        for chat in range(1, 61):  # tenant A: 60 chats at once, eight times its share
+            msg = of_tenant(TENANT_A, chat)
+            nursery.start_soon(send_at, adapter, buckets, msg, 0.0, sent, start)
+        for asked in (0.0, 1.5, 3.0, 4.5):  # tenant B, during A's flood: 5 of A's chat ids
+            for chat in range(1, 6):
+                msg = of_tenant(TENANT_B, chat)
+                nursery.start_soon(send_at, adapter, buckets, msg, asked, sent, start)
+    flood = sorted(s.at for s in sent if s.tenant == TENANT_A)
+    assert len(flood) == 60
+    # A gets exactly its share: 7 tokens a period, while the bot has 30 a second
+    assert [flood.count(round(k * period, 6)) for k in range(9)] == [7] * 8 + [4]
+    assert most_in_a_window(flood, period) == 7
+    # B's messages, to the same chat ids, went the moment they were asked
+    others = [s for s in sent if s.tenant == TENANT_B]
+    assert len(others) == 20
+    assert all(s.at == s.asked for s in others), others
+
+
+async def test_tenants_flooding_together_keep_each_share_and_the_bots_limit(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    adapter = TelegramAdapter(TOKEN, api_base_url=BASE)  # 30/s per bot, 7.5/s per tenant
+    buckets = MemoryBuckets()
+    start = trio.current_time()
+    sent: list[Sent] = []
+    tenants = [uuid.UUID(int=100 + n) for n in range(6)]  # 6 shares: 45/s, over the bot's 30
+    async with trio.open_nursery() as nursery:
+        for tenant in tenants:
+            for chat in range(1, 16):
+                msg = of_tenant(tenant, chat)
+                nursery.start_soon(send_at, adapter, buckets, msg, 0.0, sent, start)
+    assert len(sent) == 90
+    assert most_in_a_window([s.at for s in sent], 1.0) == 30
+    for tenant in tenants:
+        assert most_in_a_window([s.at for s in sent if s.tenant == tenant], 7 / 7.5) <= 7

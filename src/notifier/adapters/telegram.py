@@ -1,5 +1,5 @@
-"""Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat and per bot
-(buckets shared by every worker process, ``rate_buckets``).
+"""Telegram adapter: one Bot API ``sendMessage`` per delivery, rate limited per chat, per tenant
+and per bot (buckets shared by every worker process, ``rate_buckets``).
 
 A channel's config is validated by ``telegram_channels.TelegramChannels`` (no token needed).
 Pure parts (``build_text``, ``build_request``, ``classify``, ``transport_error``) are separate
@@ -215,10 +215,17 @@ class TelegramAdapter:
         timeout_seconds: float = 10.0,
         per_chat_per_second: float = 1.0,
         per_bot_per_second: float = 30.0,
+        per_tenant_per_second: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``per_tenant_per_second``: one tenant's share of the bot, at most
+        ``per_bot_per_second``; ``None``, a quarter of it."""
         if not token:
             raise ValueError("the bot token is empty")
+        if per_tenant_per_second is None:
+            per_tenant_per_second = per_bot_per_second / 4
+        if per_tenant_per_second > per_bot_per_second:
+            raise ValueError("per_tenant_per_second must be at most per_bot_per_second")
         protect_in_http_logs(token)  # scrubbed from every log line from now on
         self._token = token
         self._api_base_url = api_base_url.rstrip("/")
@@ -228,6 +235,10 @@ class TelegramAdapter:
         # bot shares them, and another bot has its own.
         self._bot_key = f"telegram:{token.split(':', 1)[0]}"
         self._per_chat_per_second = per_chat_per_second
+        # A tenant's share equal to the bot's whole rate limits nothing the bot's bucket does not.
+        self._per_tenant_per_second = (
+            per_tenant_per_second if per_tenant_per_second < per_bot_per_second else None
+        )
         self.bot_bucket = Bucket.per_second(self._bot_key, per_bot_per_second)
         self._clients = ClientPool(self._new_client)
 
@@ -257,18 +268,28 @@ class TelegramAdapter:
             timeout_seconds=config.timeout_seconds,
             per_chat_per_second=config.per_chat_per_second,
             per_bot_per_second=config.per_bot_per_second,
+            per_tenant_per_second=config.tenant_rate_per_second,
         )
 
     def __repr__(self) -> str:  # never the token
         return f"TelegramAdapter(api_base_url={self._api_base_url!r})"
 
     def rate_buckets(self, message: WorkerMessage) -> Sequence[Bucket]:
-        """``RateLimiter``: this chat's bucket and this bot's, taken together."""
+        """``RateLimiter``: the chat's bucket, the tenant's share of the bot and the bot's,
+        taken together. The chat's is the tenant's own (``...:tenant:<id>:chat:<chat>``): one
+        tenant's messages never spend a token of another's, even to the same chat id. The
+        tenant's share is a fixed rate, not the bot's rate divided among the tenants sending
+        now (docs/architecture.md §9 says why); it is left out when it is the bot's whole rate.
+        """
         key = chat_key(message.channel_config)
         if key is None:
             return ()  # an unusable chat id: ``deliver`` fails it for good
-        chat = Bucket.per_second(f"{self._bot_key}:chat:{key}", self._per_chat_per_second)
-        return (chat, self.bot_bucket)
+        tenant_key = f"{self._bot_key}:tenant:{message.tenant_id}"
+        chat = Bucket.per_second(f"{tenant_key}:chat:{key}", self._per_chat_per_second)
+        if self._per_tenant_per_second is None:
+            return (chat, self.bot_bucket)
+        tenant = Bucket.per_second(tenant_key, self._per_tenant_per_second)
+        return (chat, tenant, self.bot_bucket)
 
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         try:
