@@ -4,6 +4,7 @@ one message (the deliverer: it holds the secrets and the connections, built only
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -71,6 +72,17 @@ class ChecksDestination(Protocol):
     run at channel create/patch after ``prepare_config``."""
 
     async def check_destination(self, config: dict[str, Any]) -> None:
+        """Raise ``InvalidChannelConfig`` naming the field."""
+        ...
+
+
+@runtime_checkable
+class ChecksTenant(Protocol):
+    """Optional: checks of a prepared config that depend on the tenant that owns the channel
+    (e.g. a webhook's client certificate, which the operator may keep for some tenants), run
+    at channel create/patch after ``prepare_config``."""
+
+    def check_tenant(self, config: dict[str, Any], tenant_id: uuid.UUID) -> None:
         """Raise ``InvalidChannelConfig`` naming the field."""
         ...
 
