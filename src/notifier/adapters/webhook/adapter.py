@@ -44,7 +44,7 @@ from notifier.adapters.webhook.ssrf import (
     literal_address,
     system_resolver,
 )
-from notifier.adapters.webhook.tls import ClientIdentity
+from notifier.adapters.webhook.tls import ClientIdentity, unavailable
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 
@@ -208,10 +208,7 @@ class WebhookAdapter:
             return
         identity = self._identities.get(name)
         if identity is None or not identity.allows(message.tenant_id):
-            raise PermanentError(
-                f"config.tls_client_certificate: no client certificate named {name!r} is "
-                "available to this tenant"
-            )
+            raise PermanentError(f"config.tls_client_certificate: {unavailable(name)}")
 
     async def _fetch_token(self, creds: Credentials) -> Token:
         """Trio-flavoured. A token from ``creds``' endpoint, which is resolved, checked and

@@ -35,6 +35,7 @@ from notifier.adapters.webhook.ssrf import (
     system_resolver,
     validate_url,
 )
+from notifier.adapters.webhook.tls import unavailable
 from notifier.validation import describe, whole
 
 # Config keys never shown after creation and kept across a PATCH that does not name them.
@@ -226,7 +227,7 @@ class WebhookChannels:
         prepared: dict[str, Any] = {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
         if (name := cfg.tls_client_certificate) is not None:
             if name not in self._certificates:
-                raise InvalidChannelConfig("config.tls_client_certificate", _unavailable(name))
+                raise InvalidChannelConfig("config.tls_client_certificate", unavailable(name))
             if not cfg.url.lower().startswith("https:"):
                 raise InvalidChannelConfig("config.tls_client_certificate", "needs an https url")
             prepared["tls_client_certificate"] = name
@@ -263,7 +264,7 @@ class WebhookChannels:
         if name is not None:
             tenants = self._certificates.get(name)
             if tenants is None or (tenants and tenant_id not in tenants):
-                raise InvalidChannelConfig("config.tls_client_certificate", _unavailable(name))
+                raise InvalidChannelConfig("config.tls_client_certificate", unavailable(name))
 
     def prepare_config_update(
         self, config: dict[str, Any], previous: dict[str, Any]
@@ -332,8 +333,3 @@ class WebhookChannels:
             return
         if (blocked := self._rules.first_blocked(addresses)) is not None:
             raise InvalidChannelConfig(field, blocked_message(host, *blocked))
-
-
-def _unavailable(name: str) -> str:
-    shown = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else ascii(name)
-    return f"no client certificate named {shown} is available to this tenant"

@@ -14,6 +14,7 @@ and never copied anywhere else (not into a channel's config, the API, a log or a
 from __future__ import annotations
 
 import dataclasses
+import re
 import ssl
 import uuid
 from collections.abc import Mapping
@@ -46,6 +47,13 @@ class Tls:
 
     context: ssl.SSLContext
     identities: Mapping[str, ClientIdentity]
+
+
+def unavailable(name: str) -> str:
+    """What a channel naming a client certificate it may not use is told: the same for a name
+    that does not exist and for one kept for other tenants, so nothing is learnt of those."""
+    shown = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else ascii(name)
+    return f"no client certificate named {shown} is available to this tenant"
 
 
 def trusted_context(ca_file: str = "", environ: Mapping[str, str] | None = None) -> ssl.SSLContext:
