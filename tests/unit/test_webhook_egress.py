@@ -92,10 +92,10 @@ def test_a_bad_proxy_url_is_named_without_its_password(url: str, problem: str) -
 
 
 def test_a_good_proxy_url_is_taken_and_its_credentials_sent_as_basic() -> None:
-    settings = webhook_config(proxy_url="http://egress:p%40ss@10.0.0.9:3128")
+    settings = webhook_config(proxy_url="http://egress:p%40ss-unit-only@10.0.0.9:3128")
     dialer = ProxyDialer(settings.proxy_url)
     assert (dialer.host, dialer.port, dialer.name) == ("10.0.0.9", 3128, "10.0.0.9:3128")
-    assert dialer._authorization == "Basic " + base64.b64encode(b"egress:p@ss").decode()
+    assert dialer._authorization == "Basic " + base64.b64encode(b"egress:p@ss-unit-only").decode()
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,10 @@ URL = "https://hooks.example.com/in"
         ({"url": "http://hooks.example.com/in", "tls_client_certificate": "shared"},
          "config.tls_client_certificate", "needs an https url"),
         ({"tls_client_certificate": 7}, "config.tls_client_certificate", "Expected `str | null`"),
-        ({"oauth2": {**OAUTH, "client_secret": None}}, "config.oauth2.client_secret", "required"),
+        ({"oauth2": {**OAUTH, "client_secret": None}}, "config.oauth2.client_secret",
+         "Expected `str`"),
+        ({"oauth2": {"token_url": TOKEN_URL, "client_id": "x"}}, "config.oauth2.client_secret",
+         "missing required key"),
         ({"oauth2": {**OAUTH, "token_url": "http://auth.example.com/t"}},
          "config.oauth2.token_url", "must be an https URL"),
         ({"oauth2": {**OAUTH, "token_url": "https://127.0.0.1/t"}}, "config.oauth2.token_url",
@@ -279,6 +282,13 @@ def test_the_client_secret_field_cannot_be_set_directly() -> None:
     stored = channels().prepare_config({"url": URL, "oauth2": OAUTH})
     field, _ = refused({"url": URL, "oauth2": OAUTH, CLIENT_SECRET_FIELD: "mine"}, previous=stored)
     assert field == f"config.{CLIENT_SECRET_FIELD}"
+
+
+def test_a_patch_adding_oauth2_without_a_secret_is_refused() -> None:
+    stored = channels().prepare_config({"url": URL})
+    oauth = {"token_url": TOKEN_URL, "client_id": "notifier"}
+    field, message = refused({"url": URL, "oauth2": oauth}, previous=stored)
+    assert (field, message) == ("config.oauth2.client_secret", "required (none is stored)")
 
 
 async def test_the_token_endpoint_is_checked_against_the_network_rules_at_create() -> None:

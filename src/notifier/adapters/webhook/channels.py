@@ -110,11 +110,14 @@ _VISIBLE = r"^[\x21-\x7e]+$"
 # RFC 6749 §3.3: scope tokens of visible ASCII but '"' and '\', separated by single spaces.
 _SCOPE_TOKEN = r"[\x21\x23-\x5b\x5d-\x7e]+"
 _SCOPE = rf"^{_SCOPE_TOKEN}(?: {_SCOPE_TOKEN})*$"
+# A token endpoint is sent the client secret: https only.
+HTTPS_URL_PATTERN = URL_PATTERN.replace(f"{_any_case('http')}[Ss]?://", f"{_any_case('https')}://")
+assert HTTPS_URL_PATTERN != URL_PATTERN
 TokenUrl = Annotated[
     str,
     msgspec.Meta(
         description="The token endpoint: https, under the same network rules as the url.",
-        extra_json_schema={"pattern": URL_PATTERN, "maxLength": MAX_URL_LENGTH},
+        extra_json_schema={"pattern": HTTPS_URL_PATTERN, "maxLength": MAX_URL_LENGTH},
     ),
 ]
 ClientId = Annotated[
@@ -140,8 +143,18 @@ class OAuth2(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     token_url: TokenUrl
     client_id: ClientId
-    # Required at create; a PATCH without it keeps the stored one (same token_url, client_id).
-    client_secret: ClientSecret | None = None
+    client_secret: ClientSecret
+    scope: Scope | None = None
+    audience: Audience | None = None
+
+
+class OAuth2Update(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A PATCH's ``oauth2``, for the OpenAPI document: without ``client_secret`` the stored one
+    is kept, as long as ``token_url`` and ``client_id`` stay the same."""
+
+    token_url: TokenUrl
+    client_id: ClientId
+    client_secret: ClientSecret | msgspec.UnsetType = msgspec.UNSET
     scope: Scope | None = None
     audience: Audience | None = None
 
@@ -173,7 +186,7 @@ class WebhookConfigUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     secret: Secret | msgspec.UnsetType = msgspec.UNSET
     headers: Headers = {}
     tls_client_certificate: ClientCertificateName | None = None
-    oauth2: OAuth2 | None = None
+    oauth2: OAuth2Update | None = None
 
 
 class WebhookChannels:
@@ -245,8 +258,6 @@ class WebhookChannels:
             raise InvalidChannelConfig(field, exc.message) from None
         if not oauth.token_url.lower().startswith("https:"):
             raise InvalidChannelConfig(field, "must be an https URL (it is sent the client secret)")
-        if oauth.client_secret is None:
-            raise InvalidChannelConfig("config.oauth2.client_secret", "required")
         for name in headers:
             if name.lower() == "authorization":
                 raise InvalidChannelConfig(
@@ -305,12 +316,13 @@ class WebhookChannels:
             return
         before = previous.get("oauth2") or {}
         same = all(oauth.get(k) == before.get(k) for k in ("token_url", "client_id"))
-        if stored is not None and same:
-            config["oauth2"] = {**oauth, "client_secret": stored}
-        elif stored is not None:
+        if stored is None:
+            raise InvalidChannelConfig("config.oauth2.client_secret", "required (none is stored)")
+        if not same:
             raise InvalidChannelConfig(
                 "config.oauth2.client_secret", "required when token_url or client_id changes"
             )
+        config["oauth2"] = {**oauth, "client_secret": stored}
 
     async def check_destination(self, config: dict[str, Any]) -> None:
         """At channel create/patch: refuse a host (of the URL, and of the OAuth2 token endpoint)

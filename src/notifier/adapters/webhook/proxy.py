@@ -53,9 +53,10 @@ class ProxyDialer:
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
-            if password:
-                register_secret(password)  # scrubbed from every log line of this process
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            if password:  # scrubbed from every log line and error of this process
+                register_secret(password)
+                register_secret(token)
             self._authorization = f"Basic {token}"
 
     async def __call__(self, address: str, port: int) -> trio.abc.Stream:
