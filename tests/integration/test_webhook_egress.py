@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import subprocess
 import time
 import uuid
 from collections.abc import Sequence
@@ -79,6 +80,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     paths = {"ca": directory / "ca.pem", "cert": directory / "client.pem",
              "key": directory / "client.key"}  # fmt: skip
     ca.cert_pem.write_to_path(str(paths["ca"]))
+    # A directory as OpenSSL reads one: each CA under its subject hash (`openssl rehash`).
+    paths["ca_dir"] = directory / "cas"
+    paths["ca_dir"].mkdir()
+    subject_hash = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(paths["ca"])],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    ca.cert_pem.write_to_path(str(paths["ca_dir"] / f"{subject_hash}.0"))
     client.cert_chain_pems[0].write_to_path(str(paths["cert"]))
     client.private_key_pem.write_to_path(str(paths["key"]))
     servers = {}
@@ -219,13 +228,14 @@ class ConnectProxy:
 # -- trust: the operator's CA, besides the public roots -------------------------------------------
 
 
-@pytest.mark.parametrize("source", ["SSL_CERT_FILE", "ca_file", None])
+@pytest.mark.parametrize("source", ["SSL_CERT_FILE", "SSL_CERT_DIR", "ca_file", None])
 async def test_a_receiver_of_a_company_ca_is_trusted_when_the_operator_says_so(
     pki: dict[str, Any], source: str | None
 ) -> None:
     ca = str(pki["paths"]["ca"])
     table = settings(ca_file=ca) if source == "ca_file" else settings()
-    environ = {"SSL_CERT_FILE": ca} if source == "SSL_CERT_FILE" else {}
+    environ = {"SSL_CERT_FILE": ca, "SSL_CERT_DIR": str(pki["paths"]["ca_dir"])}
+    environ = {k: v for k, v in environ.items() if k == source}
     adapter = adapter_for(table, environ, FakeDns({"hook.example": ["127.0.0.1"]}))
     async with open_sink() as sink, trio.open_nursery() as nursery:
         port = await nursery.start(tls_server, pki["servers"]["hook.example"], sink.port, [])

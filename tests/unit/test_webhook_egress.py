@@ -17,6 +17,7 @@ import trio.testing
 import trustme
 
 from notifier.adapters.base import InvalidChannelConfig, public_config
+from notifier.adapters.registry import build_adapters
 from notifier.adapters.webhook import WebhookChannels
 from notifier.adapters.webhook.oauth import (
     CLIENT_SECRET_FIELD,
@@ -168,6 +169,16 @@ def test_each_identity_has_a_context_with_its_tenants(pki: dict[str, Path]) -> N
     assert tls.identities["billing"].allows(tenant)
     assert not tls.identities["billing"].allows(uuid.uuid4())
     assert tls.identities["shared"].allows(uuid.uuid4())
+
+
+async def test_the_service_builds_the_webhook_deliverer_with_the_environments_trust(
+    pki: dict[str, Path],
+) -> None:
+    config = parse_config({"workers": {"webhook": {}}}, env={})
+    with pytest.raises(ConfigError, match=r"^SSL_CERT_DIR: '.*junk.pem' is not a directory"):
+        build_adapters(config, {"SSL_CERT_DIR": str(pki["junk"])})
+    adapters = build_adapters(config, {"SSL_CERT_FILE": str(pki["ca"])})
+    await adapters["webhook"].aclose()
 
 
 # -- a channel's config ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ and never copied anywhere else (not into a channel's config, the API, a log or a
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import ssl
 import uuid
@@ -69,8 +70,12 @@ def trusted_context(ca_file: str = "", environ: Mapping[str, str] | None = None)
         ("workers.webhook.ca_file", {"cafile": ca_file}),
     ]
     for where, location in sources:
-        if not next(iter(location.values())):
+        if not (value := next(iter(location.values()))):
             continue
+        if "capath" in location:  # read lazily by OpenSSL: check now that it can be
+            for directory in value.split(os.pathsep):
+                if not os.path.isdir(directory):
+                    raise ConfigError(f"{where}: {directory!r} is not a directory")
         try:
             context.load_verify_locations(**location)
         except (OSError, ssl.SSLError) as exc:
