@@ -3,7 +3,8 @@ connections, and connections dialed only at the addresses the SSRF guard checked
 
 Why not httpx: a POST through httpx's client layers and httpcore's pool cost several times the
 CPU of the same request written with h11 over a trio stream (``bench/webhook_client.py``), and
-a webhook needs none of what those layers add (redirects, cookies, proxies, decoding, HTTP/2).
+a webhook needs none of what those layers add (redirects, cookies, environment proxies,
+decoding, HTTP/2; the egress proxy is a dialer, ``proxy.ProxyDialer``).
 What it does need is here, in one place:
 
 - pinning (docs/architecture.md §9): a request carries the addresses the adapter resolved and
