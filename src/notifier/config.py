@@ -15,6 +15,7 @@ import os
 import re
 import tomllib
 import urllib.parse
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -254,6 +255,29 @@ class WorkerGroupConfig(_Section, frozen=True):
         return max(1, self.concurrency // 4)
 
 
+class ClientCertificateConfig(_Section, frozen=True):
+    """``[workers.webhook.client_certificates.<name>]``: a client identity for mutual TLS, which a
+    webhook channel names in ``tls_client_certificate``. The key never leaves its file."""
+
+    cert_file: str  # PEM: the certificate, then any intermediates
+    key_file: str  # PEM, unencrypted: the file's permissions protect it
+    # Tenant ids whose channels may name it; empty: every tenant's.
+    tenants: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("cert_file", "key_file"):
+            if problem := file_problem(getattr(self, key)):
+                raise key_error(key, problem)
+        for i, tenant in enumerate(self.tenants):
+            try:
+                uuid.UUID(tenant)
+            except ValueError:
+                raise key_error(f"tenants[{i}]", f"not a tenant id (a UUID): {tenant!r}") from None
+
+
+CLIENT_CERTIFICATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
     allow_private_networks: bool = False
     # Networks opened for internal receivers even while private networks are refused.
@@ -263,6 +287,29 @@ class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
     # The nameservers webhook hosts are resolved with (`ip` or `ip:port`, `[ipv6]:port`);
     # empty: those of /etc/resolv.conf. /etc/hosts is read first either way.
     dns_servers: tuple[str, ...] = ()
+    # A PEM bundle of CA certificates trusted besides the public roots (and SSL_CERT_FILE/_DIR).
+    ca_file: str = ""
+    # An HTTP CONNECT proxy every webhook connection goes through: http://[user:pass@]host:port.
+    proxy_url: str = ""
+    # Client identities for mutual TLS by name: tables of ClientCertificateConfig (read by
+    # client_identities(), so that an error names the identity, which msgspec's path would not).
+    client_certificates: dict[str, dict[str, Any]] = {}
+
+    def client_identities(self) -> dict[str, ClientCertificateConfig]:
+        """``client_certificates``, each table checked; an error names its whole key."""
+        identities = {}
+        for name, table in self.client_certificates.items():
+            where = (
+                f"client_certificates.{name}"
+                if CLIENT_CERTIFICATE_NAME.fullmatch(name)
+                else f"client_certificates.{name!r}"
+            )
+            try:
+                identities[name] = msgspec.convert(table, ClientCertificateConfig)
+            except msgspec.ValidationError as exc:
+                path, text = locate(exc)
+                raise key_error(f"{where}.{path}" if path else where, text) from None
+        return identities
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -276,6 +323,19 @@ class WebhookWorkersConfig(WorkerGroupConfig, frozen=True):
                 nameserver_address(server)
             except ValueError as exc:
                 raise key_error(f"dns_servers[{i}]", str(exc)) from exc
+
+        if self.ca_file and (problem := file_problem(self.ca_file)):
+            raise key_error("ca_file", problem)
+        if self.proxy_url and (problem := proxy_url_problem(self.proxy_url)):
+            raise key_error("proxy_url", problem)
+        for name in self.client_certificates:
+            if not CLIENT_CERTIFICATE_NAME.fullmatch(name):
+                raise key_error(
+                    f"client_certificates.{name!r}",
+                    "a name is 1 to 64 letters, digits, '_', '.' or '-', starting with a letter "
+                    "or digit",
+                )
+        self.client_identities()
 
 
 def nameserver_address(text: str) -> tuple[str, int]:
@@ -291,6 +351,39 @@ def nameserver_address(text: str) -> tuple[str, int]:
     if not 1 <= int(port) <= 65535:
         raise ValueError(f"port must be 1-65535, got {text!r}")
     return str(address), int(port)
+
+
+def file_problem(path: str) -> str | None:
+    """Why ``path`` is not a file this process can read, or None."""
+    if not path:
+        return "must not be empty"
+    if not os.path.isfile(path):
+        return f"{path!r} is not a file"
+    if not os.access(path, os.R_OK):
+        return f"{path!r} cannot be read by this process"
+    return None
+
+
+def proxy_url_problem(url: str) -> str | None:
+    """Why ``url`` is not ``http://[user:pass@]host:port``, or None. Never quotes the URL, which
+    may hold a password."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return (
+            "not a URL that can be read (a port from 1 to 65535; percent-encode : @ / in the "
+            "user name and password)"
+        )
+    if parts.scheme != "http":
+        return "must be an http:// URL (an HTTP CONNECT proxy)"
+    if not parts.hostname:
+        return "no host name"
+    if port is None:
+        return "must name the port (http://host:port)"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "must be http://[user:pass@]host:port, without a path, query or fragment"
+    return None
 
 
 class EmailWorkersConfig(WorkerGroupConfig, frozen=True):

@@ -51,6 +51,15 @@ ALLOWED_REFUSALS: dict[tuple[str, str], str] = {
         "given (two fields)",
     ("validation_error", r"(events\[\d+\]\.)?channel_ids: unknown channel ids: .*"):
         "channel_ids must name channels of the key's tenant (stored data)",
+    ("validation_error", r"config\.tls_client_certificate: no client certificate named .*"):
+        "a client certificate is one the operator declares for the tenant (the service's config)",
+    ("validation_error", r"config\.tls_client_certificate: needs an https url"):
+        "a client certificate goes with an https url (two fields)",
+    ("validation_error", r"config\.oauth2\.client_secret: required .*"):
+        "a PATCH keeps the stored client secret only for the same token_url and client_id "
+        "(stored data)",
+    ("validation_error", r"config\.headers\.\S+: may not be set with config\.oauth2 .*"):
+        "oauth2 sends the Authorization header itself (two fields)",
 }  # fmt: skip
 SCHEMATHESIS_TIMEOUT_SECONDS = 240
 

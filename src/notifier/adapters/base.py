@@ -87,6 +87,17 @@ class ChecksDestination(Protocol):
 
 
 @runtime_checkable
+class ChecksTenant(Protocol):
+    """Optional: checks of a prepared config that depend on the tenant that owns the channel
+    (e.g. a webhook's client certificate, which the operator may keep for some tenants), run
+    at channel create/patch after ``prepare_config``."""
+
+    def check_tenant(self, config: dict[str, Any], tenant_id: uuid.UUID) -> None:
+        """Raise ``InvalidChannelConfig`` naming the field."""
+        ...
+
+
+@runtime_checkable
 class RateLimiter(Protocol):
     """Optional: an adapter whose destination limits the rate (Telegram: per chat, per bot)."""
 

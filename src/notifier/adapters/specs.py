@@ -17,6 +17,8 @@ import msgspec
 from notifier.adapters import email, telegram, telegram_channels
 from notifier.adapters.base import Adapter, ChannelValidator
 from notifier.adapters.webhook import WebhookAdapter, channels
+from notifier.adapters.webhook.proxy import ProxyDialer
+from notifier.adapters.webhook.tls import load_tls
 from notifier.config import (
     Config,
     EmailWorkersConfig,
@@ -43,15 +45,22 @@ def _webhook_validator(settings: WebhookWorkersConfig) -> ChannelValidator:
         allowed_cidrs=settings.allowed_cidrs,
         secret_rotation_grace_seconds=settings.secret_rotation_grace_seconds,
         dns_servers=settings.dns_servers,
+        client_certificates={
+            name: cert.tenants for name, cert in settings.client_identities().items()
+        },
     )
 
 
-def _webhook_deliverer(settings: WebhookWorkersConfig, _environ: Mapping[str, str]) -> Adapter:
+def _webhook_deliverer(settings: WebhookWorkersConfig, environ: Mapping[str, str]) -> Adapter:
+    tls = load_tls(settings, environ)  # SSL_CERT_FILE / SSL_CERT_DIR as OpenSSL reads them
     return WebhookAdapter(
         timeout_seconds=settings.timeout_seconds,
         allow_private_networks=settings.allow_private_networks,
         allowed_cidrs=settings.allowed_cidrs,
         dns_servers=settings.dns_servers,
+        dialer=ProxyDialer(settings.proxy_url) if settings.proxy_url else None,
+        ssl_context=tls.context,
+        identities=tls.identities,
     )
 
 

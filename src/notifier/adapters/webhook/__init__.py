@@ -8,6 +8,9 @@
 - ``client``: the HTTP/1.1 client (h11 over trio), which dials only the checked addresses and
   reads an answer with a bound;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
+- ``tls``: the CAs trusted for receivers and the client identities for mutual TLS;
+- ``oauth``: OAuth2 client credentials, the token cache;
+- ``proxy``: the egress proxy, a dialer that tunnels to the checked address;
 - ``channels``: ``WebhookChannels``, a channel's config validated at create and PATCH;
 - ``adapter``: ``WebhookAdapter``, the deliverer, which puts them together.
 """

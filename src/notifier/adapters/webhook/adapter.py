@@ -19,13 +19,17 @@ name resolved to (the operator's log does).
 
 What does not change between attempts of a channel (its URL parsed, its custom headers checked,
 a literal address's verdict) is worked out once per distinct URL and headers (``Endpoint``).
+
+Trust and identity (``tls``, ``oauth``): a channel may present one of the operator's client
+certificates (its name in ``tls_client_certificate``, if the tenant may use it) and may fetch an
+OAuth2 bearer token, whose endpoint is resolved, checked and dialed like a receiver.
 """
 
 from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ from notifier.adapters.base import Receipt
 from notifier.adapters.webhook.answers import classify, transport_error
 from notifier.adapters.webhook.client import Dialer, Origin, WebhookClient
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
+from notifier.adapters.webhook.oauth import Credentials, Token, Tokens, read_token, token_request
 from notifier.adapters.webhook.resolver import dns_resolver
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (
@@ -47,6 +52,7 @@ from notifier.adapters.webhook.ssrf import (
     literal_address,
     log_blocked,
 )
+from notifier.adapters.webhook.tls import ClientIdentity, unavailable
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 
@@ -83,12 +89,15 @@ class WebhookAdapter:
         resolver: Resolver | None = None,
         dialer: Dialer | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        identities: Mapping[str, ClientIdentity] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``dns_servers``: the nameservers (``ip`` or ``ip:port``; those of /etc/resolv.conf
         when empty). ``resolver`` (replaces them), ``dialer`` (what a connection to a checked
-        address is opened with) and ``ssl_context`` are for tests and embedding; ``clock``
-        gives epoch seconds."""
+        address is opened with: TCP, or ``proxy.ProxyDialer``) and ``ssl_context``
+        (``tls.Tls.context``) are for tests and embedding; ``identities`` are the client
+        certificates channels may name (``tls``); ``clock`` gives epoch seconds (signatures,
+        token expiry)."""
         if resolver is None:
             resolver = dns_resolver(dns_servers, timeout_seconds=timeout_seconds)
         self._rules = NetworkRules.of(
@@ -96,10 +105,18 @@ class WebhookAdapter:
         )
         self._timeout = timeout_seconds
         self._clock = clock
+        self._identities = dict(identities or {})
+        contexts = {name: identity.context for name, identity in self._identities.items()}
         self._client = WebhookClient(
             timeout_seconds=timeout_seconds, dialer=dialer, ssl_context=ssl_context,
-            max_body_bytes=READ_LIMIT_BYTES, excerpt_bytes=EXCERPT_BYTES,
+            identities=contexts, max_body_bytes=READ_LIMIT_BYTES, excerpt_bytes=EXCERPT_BYTES,
         )  # fmt: skip
+        # Token endpoints' answers are read whole (up to the bound), through their own pool.
+        self._token_client = WebhookClient(
+            timeout_seconds=timeout_seconds, dialer=dialer, ssl_context=ssl_context,
+            max_body_bytes=READ_LIMIT_BYTES, excerpt_bytes=READ_LIMIT_BYTES,
+        )  # fmt: skip
+        self._tokens = Tokens(clock)
         # The network rules are fixed for the adapter's life, so a literal address's verdict
         # is too; a name is resolved and checked again at every delivery (never cached).
         self._endpoints: dict[tuple[Any, ...], Endpoint] = {}
@@ -152,7 +169,8 @@ class WebhookAdapter:
         ``PermanentError`` when no attempt could ever be sent."""
         custom = cfg.get("headers") or {}
         try:
-            key: tuple[Any, ...] | None = (cfg.get("url"), *custom.items())
+            identity = cfg.get("tls_client_certificate")
+            key: tuple[Any, ...] | None = (cfg.get("url"), identity, *custom.items())
             found = self._endpoints.pop(key)  # type: ignore[arg-type]
         except (AttributeError, TypeError):  # not a dict, or unhashable: refused below
             key, found = None, None
@@ -179,9 +197,14 @@ class WebhookAdapter:
             field, text = problem
             raise PermanentError(f"{field}: {text}")
         assert isinstance(custom, dict)
+        identity = cfg.get("tls_client_certificate")
+        if identity is not None and (not isinstance(identity, str) or url.scheme != "https"):
+            raise PermanentError("config.tls_client_certificate: a name, with an https URL")
+        if "oauth2" in cfg and any(name.lower() == "authorization" for name in custom):
+            raise PermanentError("config.headers.Authorization: not with config.oauth2")
         host = dial_host(url)
         return Endpoint(
-            origin=Origin(url.scheme, host, default_port(url)),
+            origin=Origin(url.scheme, host, default_port(url), identity),
             target=url.raw_path,
             host_header=url.netloc.decode("ascii"),
             custom=dict(custom),
@@ -198,6 +221,46 @@ class WebhookAdapter:
         host = f"[{origin.host}]" if ":" in origin.host else origin.host
         return f"{origin.scheme}://{host}:{origin.port}"
 
+    def _check_identity(self, name: str | None, message: WorkerMessage) -> None:
+        """The channel's client certificate is one the operator declares for its tenant (the
+        API checked at create; the operator's config may have changed since)."""
+        if name is None:
+            return
+        identity = self._identities.get(name)
+        if identity is None or not identity.allows(message.tenant_id):
+            raise PermanentError(f"config.tls_client_certificate: {unavailable(name)}")
+
+    async def _fetch_token(self, creds: Credentials) -> Token:
+        """Trio-flavoured. A token from ``creds``' endpoint, which is resolved, checked and
+        dialed as a receiver is. A failure is retriable (a blocked endpoint: permanent)."""
+        deadline = trio.current_time() + self._timeout  # shared by attempts: one of its own
+        try:
+            end = self.endpoint({"url": creds.token_url})
+            if end.origin.scheme != "https":
+                raise PermanentError("must be an https URL")
+            addresses = end.literal or await self._resolved_and_checked(end.origin, deadline)
+        except PermanentError as exc:
+            raise PermanentError(f"config.oauth2.token_url: {exc}") from None
+        except RetriableError as exc:
+            raise RetriableError(f"OAuth2 token endpoint: {exc}") from None
+        headers, body = token_request(creds)
+        fields = [("host", end.host_header), ("content-length", str(len(body))), *headers]
+        failure: Exception | None = None
+        try:
+            answer = await self._token_client.post(
+                end.origin, addresses, end.target, fields, body, deadline=deadline
+            )
+        except Exception as exc:
+            failure = transport_error(exc, request_secrets({}, creds.secrets()))
+        where = f"{end.origin.host}:{end.origin.port}"
+        if isinstance(failure, RetriableError):
+            raise RetriableError(f"OAuth2 token endpoint {where}: {failure}")
+        if failure is not None:
+            raise failure
+        return read_token(
+            answer.status, answer.excerpt, self._clock(), endpoint=where, secrets=creds.secrets()
+        )
+
     async def deliver(self, message: WorkerMessage) -> Receipt | None:
         """One attempt, all of it within ``timeout_seconds`` (the module docstring).
         Trio-flavoured."""
@@ -205,11 +268,16 @@ class WebhookAdapter:
         cfg = message.channel_config
         end = self.endpoint(cfg)
         origin = end.origin
+        self._check_identity(origin.identity, message)
+        creds = Credentials.of(cfg)
         addresses = end.literal or await self._resolved_and_checked(origin, deadline)
+        token = await self._tokens.get(creds, self._fetch_token) if creds else None
         now = self._clock()
         secrets = signing_secrets(cfg, now)
         headers, body = build_request(message, secrets, end.custom, int(now))
         fields = [("host", end.host_header), ("content-length", str(len(body))), *headers.items()]
+        if token is not None:
+            fields.append(("authorization", f"Bearer {token}"))
         failure: Exception | None = None
         try:
             answer = await self._client.post(
@@ -219,14 +287,23 @@ class WebhookAdapter:
             # a receiver that did not answer in time: counts for its circuit
             failure = RetriableError(f"timed out after {self._timeout:g} s {exc}", unreachable=True)
         except Exception as exc:
-            # Scrubbed of what the error could quote: the custom header values, the signature;
-            # and of the addresses a name resolved to (the client's texts name none: a net).
+            # Scrubbed of what the error could quote: the custom header values, the signature,
+            # the bearer token; and of the addresses a name resolved to (the client's texts
+            # name none: a net).
             signature = headers.get("webhook-signature", "")
-            quoted = request_secrets({**end.custom, "webhook-signature": signature}, secrets)
+            quoted = request_secrets(
+                {**end.custom, "webhook-signature": signature, "-token": token or ""}, secrets
+            )
             resolved = addresses if end.literal is None else ()
             failure = transport_error(exc, [*quoted, *resolved])
         if failure is not None:
             raise failure
+        if creds is not None and token is not None and answer.status == 401:
+            self._tokens.drop(creds, token)
+            raise RetriableError(
+                "HTTP 401: the receiver refused the OAuth2 access token; the next attempt "
+                "fetches a new one", status_code=401,
+            )  # fmt: skip
         excerpt = answer.excerpt.decode("utf-8", "ignore")  # never over EXCERPT_BYTES
         return classify(
             answer.status, answer.header(b"retry-after"), excerpt, self._clock(),
@@ -235,3 +312,4 @@ class WebhookAdapter:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._token_client.aclose()

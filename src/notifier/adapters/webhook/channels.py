@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any
 
 import httpx
@@ -16,6 +17,7 @@ import trio
 
 from notifier.adapters.base import InvalidChannelConfig
 from notifier.adapters.webhook.headers import RESERVED_HEADERS, headers_problem
+from notifier.adapters.webhook.oauth import CLIENT_SECRET_FIELD
 from notifier.adapters.webhook.resolver import dns_resolver
 from notifier.adapters.webhook.signing import (
     ROTATION_FIELDS,
@@ -34,10 +36,11 @@ from notifier.adapters.webhook.ssrf import (
     log_blocked,
     validate_url,
 )
+from notifier.adapters.webhook.tls import unavailable
 from notifier.validation import describe, whole
 
 # Config keys never shown after creation and kept across a PATCH that does not name them.
-SECRET_FIELDS = frozenset({"secret", *ROTATION_FIELDS})
+SECRET_FIELDS = frozenset({"secret", *ROTATION_FIELDS, CLIENT_SECRET_FIELD})
 EXAMPLE = {"url": "https://hooks.example.com/notifier"}
 
 
@@ -104,11 +107,76 @@ Headers = Annotated[
 _SECRET_RE = re.compile(SECRET_PATTERN)
 
 
+_VISIBLE = r"^[\x21-\x7e]+$"
+# RFC 6749 §3.3: scope tokens of visible ASCII but '"' and '\', separated by single spaces.
+_SCOPE_TOKEN = r"[\x21\x23-\x5b\x5d-\x7e]+"
+_SCOPE = rf"^{_SCOPE_TOKEN}(?: {_SCOPE_TOKEN})*$"
+# A token endpoint is sent the client secret: https only.
+HTTPS_URL_PATTERN = URL_PATTERN.replace(f"{_any_case('http')}[Ss]?://", f"{_any_case('https')}://")
+assert HTTPS_URL_PATTERN != URL_PATTERN
+TokenUrl = Annotated[
+    str,
+    msgspec.Meta(
+        description="The token endpoint: https, under the same network rules as the url.",
+        extra_json_schema={"pattern": HTTPS_URL_PATTERN, "maxLength": MAX_URL_LENGTH},
+    ),
+]
+ClientId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=256, pattern=_VISIBLE,
+                      description="The client id (visible ASCII).")
+]  # fmt: skip
+ClientSecret = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=512, pattern=_VISIBLE,
+                      description="The client secret (visible ASCII): never shown after creation.")
+]  # fmt: skip
+Scope = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=1024, pattern=_SCOPE,
+                      description="Space-separated scopes.")
+]  # fmt: skip
+Audience = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=1024, pattern=_VISIBLE,
+                      description="The audience (resource), for servers that want one.")
+]  # fmt: skip
+
+
+class OAuth2(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """OAuth2 client credentials: a bearer token from ``token_url`` on every delivery."""
+
+    token_url: TokenUrl
+    client_id: ClientId
+    client_secret: ClientSecret
+    scope: Scope | None = None
+    audience: Audience | None = None
+
+
+class OAuth2Update(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A PATCH's ``oauth2``, for the OpenAPI document: without ``client_secret`` the stored one
+    is kept, as long as ``token_url`` and ``client_id`` stay the same."""
+
+    token_url: TokenUrl
+    client_id: ClientId
+    client_secret: ClientSecret | msgspec.UnsetType = msgspec.UNSET
+    scope: Scope | None = None
+    audience: Audience | None = None
+
+
+ClientCertificateName = Annotated[
+    str,
+    msgspec.Meta(
+        description="A client certificate the operator declares for mutual TLS "
+        "([workers.webhook.client_certificates.<name>]); https URLs only.",
+        max_length=64,
+    ),
+]
+
+
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: Url
     # None (or left out) at create: notifier generates one, shown in the answer only.
     secret: Secret | None = None
     headers: Headers = {}
+    tls_client_certificate: ClientCertificateName | None = None
+    oauth2: OAuth2 | None = None
 
 
 class WebhookConfigUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -118,6 +186,8 @@ class WebhookConfigUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     url: Url
     secret: Secret | msgspec.UnsetType = msgspec.UNSET
     headers: Headers = {}
+    tls_client_certificate: ClientCertificateName | None = None
+    oauth2: OAuth2Update | None = None
 
 
 class WebhookChannels:
@@ -133,12 +203,15 @@ class WebhookChannels:
         allowed_cidrs: Iterable[str] = (),
         secret_rotation_grace_seconds: float = 86_400.0,
         dns_servers: Iterable[str] = (),
+        client_certificates: Mapping[str, Iterable[str]] | None = None,
         resolver: Resolver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``dns_servers`` as the deliverer's (``WebhookAdapter``): a name is resolved at
-        create as it will be at delivery. ``resolver`` (replaces them) is for tests and
-        embedding; ``clock`` gives epoch seconds."""
+        create as it will be at delivery. ``client_certificates``: the client identities
+        channels may name, each with the tenant ids that may (none: every tenant).
+        ``resolver`` (replaces the nameservers) is for tests and embedding; ``clock`` gives
+        epoch seconds."""
         if resolver is None:
             resolver = dns_resolver(dns_servers, timeout_seconds=timeout_seconds)
         self._rules = NetworkRules.of(
@@ -146,6 +219,10 @@ class WebhookChannels:
         )
         self._grace = secret_rotation_grace_seconds
         self._clock = clock
+        self._certificates = {
+            name: frozenset(uuid.UUID(str(t)) for t in tenants)
+            for name, tenants in (client_certificates or {}).items()
+        }
 
     def prepare_config(self, config: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -166,7 +243,45 @@ class WebhookChannels:
                     "config.secret",
                     "must be whsec_ followed by the standard, padded base64 of 24 to 64 bytes",
                 )
-        return {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
+        prepared: dict[str, Any] = {"url": cfg.url, "secret": secret, "headers": dict(cfg.headers)}
+        if (name := cfg.tls_client_certificate) is not None:
+            if name not in self._certificates:
+                raise InvalidChannelConfig("config.tls_client_certificate", unavailable(name))
+            if not cfg.url.lower().startswith("https:"):
+                raise InvalidChannelConfig("config.tls_client_certificate", "needs an https url")
+            prepared["tls_client_certificate"] = name
+        if cfg.oauth2 is not None:
+            prepared.update(self._oauth2(cfg.oauth2, cfg.headers))
+        return prepared
+
+    def _oauth2(self, oauth: OAuth2, headers: Mapping[str, str]) -> dict[str, Any]:
+        """The stored form of ``oauth2``: its secret beside it, as a secret field."""
+        field = "config.oauth2.token_url"
+        try:
+            validate_url(oauth.token_url, allow_private_networks=self._rules.allow_private_networks,
+                         allowed_cidrs=self._rules.allowed)  # fmt: skip
+        except InvalidChannelConfig as exc:
+            raise InvalidChannelConfig(field, exc.message) from None
+        if not oauth.token_url.lower().startswith("https:"):
+            raise InvalidChannelConfig(field, "must be an https URL (it is sent the client secret)")
+        for name in headers:
+            if name.lower() == "authorization":
+                raise InvalidChannelConfig(
+                    f"config.headers.{name}", "may not be set with config.oauth2 (which sends "
+                    "the bearer token in it)",
+                )  # fmt: skip
+        kept = {k: v for k, v in msgspec.structs.asdict(oauth).items() if v is not None}
+        secret = kept.pop("client_secret")
+        return {"oauth2": kept, CLIENT_SECRET_FIELD: secret}
+
+    def check_tenant(self, config: dict[str, Any], tenant_id: uuid.UUID) -> None:
+        """``ChecksTenant``: the client certificate is one this tenant may use (the same answer
+        as for an unknown name, so a tenant learns nothing of others' certificates)."""
+        name = config.get("tls_client_certificate")
+        if name is not None:
+            tenants = self._certificates.get(name)
+            if tenants is None or (tenants and tenant_id not in tenants):
+                raise InvalidChannelConfig("config.tls_client_certificate", unavailable(name))
 
     def prepare_config_update(
         self, config: dict[str, Any], previous: dict[str, Any]
@@ -183,6 +298,7 @@ class WebhookChannels:
             # client trying to set them.
             if key in config and config.pop(key) != previous.get(key):
                 raise InvalidChannelConfig(f"config.{key}", "is managed by notifier")
+        self._keep_client_secret(config, previous)
         prepared = self.prepare_config(config)
         prepared.update(
             rotate_secret(previous, prepared["secret"], now=self._clock(),
@@ -204,12 +320,41 @@ class WebhookChannels:
         host = f"[{host}]" if ":" in host else host
         return f"{url.scheme}://{host}:{default_port(url)}"
 
+    @staticmethod
+    def _keep_client_secret(config: dict[str, Any], previous: dict[str, Any]) -> None:
+        """A PATCH's ``oauth2`` without ``client_secret`` keeps the stored one, if it still goes
+        to the same token endpoint for the same client (else whoever may PATCH could have the
+        secret sent to a server of theirs). ``oauth2_client_secret`` is notifier's to set."""
+        stored = previous.get(CLIENT_SECRET_FIELD)
+        if config.pop(CLIENT_SECRET_FIELD, stored) != stored:
+            raise InvalidChannelConfig(
+                f"config.{CLIENT_SECRET_FIELD}", "is managed by notifier (give "
+                "config.oauth2.client_secret)",
+            )  # fmt: skip
+        oauth = config.get("oauth2")
+        if not isinstance(oauth, dict) or oauth.get("client_secret") is not None:
+            return
+        before = previous.get("oauth2") or {}
+        same = all(oauth.get(k) == before.get(k) for k in ("token_url", "client_id"))
+        if stored is None:
+            raise InvalidChannelConfig("config.oauth2.client_secret", "required (none is stored)")
+        if not same:
+            raise InvalidChannelConfig(
+                "config.oauth2.client_secret", "required when token_url or client_id changes"
+            )
+        config["oauth2"] = {**oauth, "client_secret": stored}
+
     async def check_destination(self, config: dict[str, Any]) -> None:
-        """At channel create/patch: refuse a host that resolves to a blocked address now (with
-        private networks allowed, only the always-closed ones are). A host that does not
-        resolve is accepted (its DNS may not be set up yet); every delivery resolves again and
-        fails closed."""
-        url = httpx.URL(config["url"])
+        """At channel create/patch: refuse a host (of the URL, and of the OAuth2 token endpoint)
+        that resolves to a blocked address now (with private networks allowed, only the
+        always-closed ones are). A host that does not resolve is accepted (its DNS may not be
+        set up yet); every delivery resolves again and fails closed."""
+        await self._check_host(config["url"], "config.url")
+        if (oauth := config.get("oauth2")) is not None:
+            await self._check_host(oauth["token_url"], "config.oauth2.token_url")
+
+    async def _check_host(self, raw_url: str, field: str) -> None:
+        url = httpx.URL(raw_url)
         host = dial_host(url)
         if literal_address(host) is not None:
             return  # checked by validate_url already
@@ -219,4 +364,4 @@ class WebhookChannels:
             return
         if (blocked := self._rules.first_blocked(addresses)) is not None:
             log_blocked(host, *blocked, at="channel create/patch")
-            raise InvalidChannelConfig("config.url", blocked_message(host, *blocked))
+            raise InvalidChannelConfig(field, blocked_message(host, *blocked))

@@ -3,7 +3,8 @@ connections, and connections dialed only at the addresses the SSRF guard checked
 
 Why not httpx: a POST through httpx's client layers and httpcore's pool cost several times the
 CPU of the same request written with h11 over a trio stream (``bench/webhook_client.py``), and
-a webhook needs none of what those layers add (redirects, cookies, proxies, decoding, HTTP/2).
+a webhook needs none of what those layers add (redirects, cookies, environment proxies,
+decoding, HTTP/2; the egress proxy is a dialer, ``proxy.ProxyDialer``).
 What it does need is here, in one place:
 
 - pinning (docs/architecture.md §9): a request carries the addresses the adapter resolved and
@@ -40,7 +41,7 @@ import contextlib
 import os
 import select
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -92,11 +93,14 @@ async def tcp_dialer(address: str, port: int) -> trio.abc.Stream:
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Where a request goes: the scheme, the host as dialed and verified (IDNA-mapped, an IPv6
-    address without brackets) and the port."""
+    address without brackets), the port, and the client identity presented over TLS (a name
+    of ``tls.Tls.identities``; None: no client certificate). Connections are pooled by origin,
+    so one with an identity never serves a request without it, nor one with another."""
 
     scheme: str
     host: str
     port: int
+    identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,7 @@ class WebhookClient:
         timeout_seconds: float,
         dialer: Dialer | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        identities: Mapping[str, ssl.SSLContext] | None = None,
         max_body_bytes: int = 64 * 1024,
         excerpt_bytes: int = 2048,
         max_idle: int = 64,
@@ -166,10 +171,12 @@ class WebhookClient:
         """``dialer`` connects to an address (TCP by default; tests fake it); ``ssl_context``
         verifies servers (httpx's default context when None, made once on first use);
         ``timeout_seconds`` is an exchange's when ``post`` is given no deadline, and bounds
-        closing a connection."""
+        closing a connection; ``identities`` are the contexts of the client identities an
+        origin may name."""
         self._timeout = timeout_seconds
         self._dial = dialer if dialer is not None else tcp_dialer
         self._ssl_context = ssl_context
+        self._identities = dict(identities or {})
         self._max_body = max_body_bytes
         self._excerpt = excerpt_bytes
         self._max_idle = max_idle
@@ -296,15 +303,30 @@ class WebhookClient:
             raise error
         if origin.scheme == "https":
             phase[0] = "tls"
-            stream = await self._start_tls(stream, origin.host)
+            stream = await self._start_tls(stream, origin)
         return _Connection(origin, address, stream)
 
-    async def _start_tls(self, stream: trio.abc.Stream, host: str) -> trio.abc.Stream:
-        """``stream`` after a TLS handshake for ``host`` (the caller's deadline bounds it)."""
+    def _context(self, identity: str | None) -> ssl.SSLContext:
+        if identity is not None:
+            try:
+                return self._identities[identity]
+            except KeyError:  # the adapter checks the name first: fail closed all the same
+                raise httpx.ConnectError(f"no client certificate named {identity!r}") from None
         if self._ssl_context is None:
             self._ssl_context = httpx.create_ssl_context(trust_env=False)
             self._ssl_context.set_alpn_protocols(["http/1.1"])
-        tls = trio.SSLStream(stream, self._ssl_context, server_hostname=host, https_compatible=True)
+        return self._ssl_context
+
+    async def _start_tls(self, stream: trio.abc.Stream, origin: Origin) -> trio.abc.Stream:
+        """``stream`` after a TLS handshake for ``origin``'s host, presenting its identity's
+        certificate when it names one (the caller's deadline bounds it)."""
+        try:
+            context = self._context(origin.identity)
+        except httpx.ConnectError:
+            await _close(stream, self._timeout)
+            raise
+        host = origin.host
+        tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
         try:
             await tls.do_handshake()
         except BaseException:

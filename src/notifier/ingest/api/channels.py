@@ -15,6 +15,7 @@ from quart import Blueprint, Response, request
 from notifier.adapters.base import (
     ChannelValidator,
     ChecksDestination,
+    ChecksTenant,
     InvalidChannelConfig,
     UpdatesConfig,
     channel_destination,
@@ -112,14 +113,20 @@ def validator_for(channel_type: str) -> ChannelValidator:
 
 
 async def prepare(
-    validator: ChannelValidator, cfg: dict[str, Any], stored: dict[str, Any] | None = None
+    validator: ChannelValidator,
+    cfg: dict[str, Any],
+    tenant_id: uuid.UUID,
+    stored: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validate a channel config; ``stored`` is the current one on PATCH (secret rotation)."""
+    """Validate a channel config of ``tenant_id``'s; ``stored`` is the current one on PATCH
+    (secret rotation)."""
     try:
         if stored is not None and isinstance(validator, UpdatesConfig):
             prepared = validator.prepare_config_update(cfg, stored)
         else:
             prepared = validator.prepare_config(cfg)
+        if isinstance(validator, ChecksTenant):
+            validator.check_tenant(prepared, tenant_id)
         if isinstance(validator, ChecksDestination):
             await validator.check_destination(prepared)
         return prepared
@@ -135,7 +142,7 @@ async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, 
     for key in validator.secret_fields:  # secrets are kept unless replaced
         if key not in new_config and key in channel.config:
             new_config[key] = channel.config[key]
-    return await prepare(validator, new_config, channel.config)
+    return await prepare(validator, new_config, channel.tenant_id, channel.config)
 
 
 @routes.post("/v1/channels")
@@ -143,8 +150,9 @@ async def create_channel() -> Response:
     tenant_id = await current_tenant()
     data = await read_body(ChannelIn)
     validator = validator_for(data.type)
+    config = await prepare(validator, data.config, tenant_id)
     channel = await api_context().store.create_channel(
-        tenant_id, type=data.type, name=data.name, config=await prepare(validator, data.config),
+        tenant_id, type=data.type, name=data.name, config=config,
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
     )  # fmt: skip
