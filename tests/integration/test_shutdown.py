@@ -40,6 +40,8 @@ concurrency = 4
 prefetch = 16
 timeout_seconds = 5
 allow_private_networks = true
+# one slow receiver may hold every task: each of the four holds a delivery at the SIGTERM
+max_in_flight_per_destination = 4
 """
     )
 
