@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import ssl
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -234,3 +235,38 @@ async def run_notifier(
         base = binds[0] if binds else ""
         yield Running(base, stop)
         stop.set()
+
+
+async def tls_server(
+    context: ssl.SSLContext,
+    backend_port: int,
+    peers: list[str],
+    *,
+    task_status: trio.TaskStatus[int],
+) -> None:
+    """Terminate TLS with ``context`` on 127.0.0.1 and pass the bytes to a plain server; the
+    common name of each client certificate presented is appended to ``peers``."""
+    listeners = await trio.open_ssl_over_tcp_listeners(
+        0, context, host="127.0.0.1", https_compatible=True
+    )
+    task_status.started(listeners[0].transport_listener.socket.getsockname()[1])
+
+    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
+        async for data in source:
+            await sink.send_all(data)
+
+    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        try:
+            await stream.do_handshake()
+            cert = stream.getpeercert()
+            if cert:
+                peers.extend(v for rdn in cert["subject"] for k, v in rdn if k == "commonName")
+            plain = await trio.open_tcp_stream("127.0.0.1", backend_port)
+            async with stream, plain, trio.open_nursery() as nursery:
+                nursery.start_soon(pump, plain, stream)
+                await pump(stream, plain)
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # a failed handshake: the certificate refused, one way or the other
+
+    await trio.serve_listeners(handle, listeners)

@@ -39,6 +39,7 @@ from tests.integration.conftest import (
     poll,
     run_notifier,
     scalar,
+    tls_server,
     verify,
     verify_all,
 )
@@ -701,26 +702,7 @@ async def tls_front(
     """Terminate TLS with ``cert`` on 127.0.0.1 and pass the bytes to a plain sink."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(*cert)
-    listeners = await trio.open_ssl_over_tcp_listeners(
-        0, context, host="127.0.0.1", https_compatible=True
-    )
-    task_status.started(listeners[0].transport_listener.socket.getsockname()[1])
-
-    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
-        async for data in source:
-            await sink.send_all(data)
-
-    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
-        try:
-            plain = await trio.open_tcp_stream("127.0.0.1", backend_port)
-            async with stream, plain, trio.open_nursery() as nursery:
-                nursery.start_soon(pump, plain, stream)
-                await pump(stream, plain)
-                nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return  # a failed handshake (the client refused the certificate)
-
-    await trio.serve_listeners(handle, listeners)
+    await tls_server(context, backend_port, [], task_status=task_status)
 
 
 @pytest.mark.parametrize(

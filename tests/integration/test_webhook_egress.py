@@ -33,7 +33,7 @@ from notifier.config import Config, WebhookWorkersConfig, parse_config
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
 from notifier.testing import Received, WebhookSink, open_sink
-from tests.integration.conftest import create_tenant, make_config, run_notifier, verify
+from tests.integration.conftest import create_tenant, make_config, run_notifier, tls_server, verify
 
 pytestmark = pytest.mark.integration
 
@@ -137,41 +137,6 @@ def message(url: str, **config: Any) -> WorkerMessage:
         event_type="order.created", recipient=None, payload={"order": 42},
         created_at=datetime.now(UTC), attempt=1, max_attempts=5,
     )  # fmt: skip
-
-
-async def tls_server(
-    context: ssl.SSLContext,
-    backend_port: int,
-    peers: list[str],
-    *,
-    task_status: trio.TaskStatus[int],
-) -> None:
-    """Terminate TLS with ``context`` on 127.0.0.1 and pass the bytes to a plain server; the
-    common name of each client certificate presented is appended to ``peers``."""
-    listeners = await trio.open_ssl_over_tcp_listeners(
-        0, context, host="127.0.0.1", https_compatible=True
-    )
-    task_status.started(listeners[0].transport_listener.socket.getsockname()[1])
-
-    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
-        async for data in source:
-            await sink.send_all(data)
-
-    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
-        try:
-            await stream.do_handshake()
-            cert = stream.getpeercert()
-            if cert:
-                peers.extend(v for rdn in cert["subject"] for k, v in rdn if k == "commonName")
-            plain = await trio.open_tcp_stream("127.0.0.1", backend_port)
-            async with stream, plain, trio.open_nursery() as nursery:
-                nursery.start_soon(pump, plain, stream)
-                await pump(stream, plain)
-                nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return  # a failed handshake: the certificate refused, one way or the other
-
-    await trio.serve_listeners(handle, listeners)
 
 
 class ConnectProxy:
