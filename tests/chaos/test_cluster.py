@@ -48,6 +48,7 @@ pytestmark = [
 NODE_LOSS_DUPLICATES = 500 + 64
 # How long the node stays down while the load goes on (the fault itself).
 DOWN_SECONDS = 6
+MORE_DOWN_SECONDS = 20
 # AMQP ingest runs too (idle: the load comes over HTTP), so that its connections must move.
 AMQP_INGEST: dict[str, dict[str, Any]] = {
     "amqp_ingest": {"enabled": True},
@@ -119,6 +120,14 @@ def kill_node(cluster: Cluster, choose: str, loss: NodeLoss) -> Fault:
                 await poll(lambda: _moved(cluster, node, loss), interval_seconds=0.5)
             loss.moved_after_seconds = trio.current_time() - down_from
             await trio.sleep_until(down_from + DOWN_SECONDS)  # the load goes on meanwhile
+
+            async def delivered() -> bool:
+                return len(ctx.sink.received) > received
+
+            # A new leader's consumers can take a few seconds more to resume on a busy machine:
+            # the node stays down, up to a bound, until the first delivery without it.
+            with trio.move_on_after(MORE_DOWN_SECONDS):
+                await poll(delivered, interval_seconds=0.2)
             loss.delivered_while_down = len(ctx.sink.received) - received
         finally:
             with trio.CancelScope(shield=True):  # heal: the node starts and rejoins
