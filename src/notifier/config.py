@@ -160,8 +160,17 @@ class IngestConfig(_Section, frozen=True):
     rate_limit_burst: Positive = 200
     # HTTP/2 cleartext (prior knowledge or `Upgrade: h2c`); off, every connection is HTTP/1.1.
     http2: bool = False
+    # The connections: a write that misses `write_timeout_seconds` closes its connection; over
+    # `max_connections` in all ("auto": ¾ of the open-file limit, raised to the hard limit at
+    # start) or `max_connections_per_address` from one address (0 = no limit), a new connection
+    # is closed at once.
+    write_timeout_seconds: PositiveFloat = 30.0
+    max_connections: Positive | Literal["auto"] = "auto"
+    max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
 
     def __post_init__(self) -> None:
+        if not math.isfinite(self.write_timeout_seconds):
+            raise key_error("write_timeout_seconds", "must be a finite number of seconds")
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
             raise key_error("bind", f"must be HOST:PORT, got {self.bind!r}")
         if self.rate_limit_per_second == 0:

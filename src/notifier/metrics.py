@@ -249,6 +249,27 @@ class Metrics:
             "Messages waiting, holding no task, for a slot of their destination's fair share.",
             ["channel_type"], registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        # The ingest server's connections (`notifier.ingest.connection`).
+        self.ingest_connections_open = Gauge(
+            "notifier_ingest_connections_open", "Connections the ingest server holds open.",
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.ingest_connections_refused = Counter(
+            "notifier_ingest_connections_refused",
+            "New connections closed at once, over ingest.max_connections (total) or "
+            "ingest.max_connections_per_address (per_address).",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.ingest_connections_closed = Counter(
+            "notifier_ingest_connections_closed",
+            "Connections closed by the server whatever they were doing: a write that missed "
+            "ingest.write_timeout_seconds, or still open at the end of the shutdown grace.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        for reason in ("total", "per_address"):
+            self.ingest_connections_refused.labels(reason)
+        for reason in ("write_timeout", "shutdown"):
+            self.ingest_connections_closed.labels(reason)
         self.scrape_time = _ScrapeTime()
         r.register(self.scrape_time)
         self._process: _ProcessGauges | None = None

@@ -18,6 +18,7 @@ from notifier.broker.topology import build_topology
 from notifier.config import Config
 from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
+from notifier.ingest.limits import ConnectionLimits, max_connections
 from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.ingest.tenants import TenantCaches, keep_tenant_caches_fresh
 from notifier.lifecycle import Stop, supervise
@@ -125,9 +126,15 @@ async def run(
                     # Bound once (a port taken fails the start), kept while the server restarts.
                     listeners = owned.enter_context(open_listeners(config.ingest.bind))
                     binds = listeners.binds
+                    limits = ConnectionLimits(
+                        max_connections(config.ingest.max_connections),
+                        config.ingest.max_connections_per_address,
+                    )
                     ingest = functools.partial(
                         serve_ingest, app, listeners, stop, grace_seconds=grace,
                         http2=config.ingest.http2, max_body_bytes=config.ingest.max_body_bytes,
+                        write_timeout_seconds=config.ingest.write_timeout_seconds,
+                        limits=limits, metrics=metrics,
                     )  # fmt: skip
                     await services.start(supervised, "ingest", ingest, stop)
                     if config.amqp_ingest.enabled:
