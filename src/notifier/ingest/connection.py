@@ -208,13 +208,17 @@ class Connection(TCPServer):
             await self._socket_stream.aclose()  # closes before its checkpoint
 
     def _response_begun(self) -> bool:
-        """An HTTP/1.1 response has started and not ended."""
+        """An HTTP/1.1 response has started and not ended, and its task may still write it
+        (hypercorn's task group of the connection is open)."""
         protocol = getattr(self, "protocol", None)
         inner = protocol.protocol if protocol is not None else None
+        tasks = getattr(self, "_task_group", None)
         return (
             isinstance(inner, H11Protocol)
             and inner.stream is not None
             and inner.connection.our_state is h11.SEND_BODY
+            and tasks is not None
+            and tasks._nursery is not None
         )
 
     async def _read_data(self) -> None:
