@@ -23,18 +23,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import math
 import os
-import platform
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,44 +35,9 @@ from bench import report
 from bench.procs import CpuGroups, Processes, alive, children, pids_named, rss_kib, wait_for
 from bench.scratch import Scratch
 from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
+from bench.stage import Stage, percentile
 
 HERE = Path(__file__).resolve().parent
-
-
-@dataclass
-class Stage:
-    key: str
-    name: str
-    unit: str
-    items: int
-    seconds: float
-    p50_ms: float | None = None
-    p95_ms: float | None = None
-    p99_ms: float | None = None
-    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else 0.0
-
-    def per_1000(self, group: str) -> float | None:
-        if group not in self.cpu or not self.items:
-            return None
-        return self.cpu[group] / self.items * 1000
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["rate"] = self.rate
-        out["cpu_per_1000"] = {g: self.per_1000(g) for g in self.cpu}
-        return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of ``values`` (not empty), ``q`` in [0, 100]."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 def notifier_config(path: Path, s: Scratch, port: int, level: str) -> None:
@@ -480,70 +438,3 @@ class Bench:
         finally:
             self.procs.close()
             self.scratch.drop()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
-    parser.add_argument("--seconds", type=float, default=15.0, help="wrk duration per stage")
-    parser.add_argument("--backlog", type=int, default=10_000, help="deliveries per drain")
-    parser.add_argument("--relay-rows", type=int, default=20_000)
-    parser.add_argument("--paced-seconds", type=float, default=20.0)
-    parser.add_argument("--paced-fraction", type=float, default=0.5)
-    parser.add_argument("--no-warning-run", dest="warning_run", action="store_false",
-                        help="skip the delivery stage at log level WARNING")  # fmt: skip
-    parser.add_argument("--scaling", action="store_true",
-                        help="only the scaling stages: 1 and 2 processes")  # fmt: skip
-    parser.add_argument("--memory", action="store_true",
-                        help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
-    parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",
-                        help="only the soak: deliver N (default 500,000), print RSS")  # fmt: skip
-    parser.add_argument("--trace", action="store_true",
-                        help="with --soak: tracemalloc and gc counts in the workers")  # fmt: skip
-    parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
-    parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
-                        help="frames kept per allocation (more: slower)")  # fmt: skip
-    parser.add_argument("--json", type=Path, metavar="FILE")
-    parser.add_argument("--chart", type=Path, metavar="FILE.png")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    args = parser.parse_args()
-    for tool in ("wrk", "nginx"):
-        if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
-            print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
-            return 2
-    # a SIGTERM unwinds like Ctrl-C: the processes started here are killed and the scratch
-    # database and vhost dropped on the way out
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    tmp = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
-    bench = Bench(args, tmp)
-    started = time.time()
-    try:
-        if args.soak:
-            from bench.soak import soak
-
-            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every,
-                 trace_frames=args.trace_frames)  # fmt: skip
-        else:
-            bench.run()
-    finally:
-        bench.close()
-    elapsed = time.time() - started
-    if not args.soak:
-        print(report.ratios(bench.stages), flush=True)
-        print(report.scaling(bench.stages), flush=True)
-        print(report.memory(bench.stages), flush=True)
-    print(f"\n{report.machine()}; run took {elapsed:.0f} s", flush=True)
-    result = {
-        "machine": report.machine_info(), "started": started, "seconds": elapsed,
-        "argv": sys.argv[1:], "python": platform.python_version(),
-        "stages": [s.as_dict() for s in bench.stages],
-        "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
-        "samples": bench.samples,
-    }  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    if args.chart:
-        report.chart(result, args.chart)
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
