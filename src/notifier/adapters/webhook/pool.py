@@ -4,7 +4,11 @@ Connections are pooled by ``Origin`` (scheme, host, port, client identity), and 
 only when the address it was dialed at is among the addresses the request carries. Idle
 connections expire after ``keepalive_seconds``, at most ``max_idle`` are kept (the least
 recently used go first), and one that has something to read while idle is closed rather than
-reused: the server closed it, or sent something nobody asked for.
+reused: the server closed it, or sent something nobody asked for. "Something to read" is the
+socket's (the kernel holds bytes or the end of the stream) or, over TLS, the stream's own: a
+server that sends its answer and its close_notify (or a stray answer) in one segment leaves
+the second record inside the TLS stream, read from the socket with the first, and the socket
+itself is then quiet.
 
 Closing never waits on the peer and is done even in a cancelled scope (``close_stream``).
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,9 +59,24 @@ def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
     return stream.socket if isinstance(stream, trio.SocketStream) else None
 
 
+def held_by_tls(stream: trio.abc.Stream) -> bool:
+    """Whether a TLS stream holds data it read from its socket and has not handed out yet:
+    decrypted bytes in the SSL object, or records not yet decrypted in its incoming buffer
+    (trio's SSLStream reads whatever the socket has, and decrypts one record per read)."""
+    if not isinstance(stream, trio.SSLStream):
+        return False
+    if stream.pending():
+        return True
+    incoming = getattr(stream, "_incoming", None)  # trio's MemoryBIO: no public accessor
+    return isinstance(incoming, ssl.MemoryBIO) and incoming.pending > 0
+
+
 def readable(stream: trio.abc.Stream) -> bool:
-    """Whether an idle connection's socket has something to read: the server closed it (or
-    sent something nobody asked for). A stream that is not a socket's is taken as quiet."""
+    """Whether an idle connection has something to read, in its TLS stream or its socket: the
+    server closed it (or sent something nobody asked for). A stream that is neither a
+    socket's nor TLS over a socket is taken as quiet."""
+    if held_by_tls(stream):
+        return True
     sock = _socket_of(stream)
     if sock is None:
         return False
