@@ -267,3 +267,21 @@ async def test_a_cancelled_tls_handshake_closes_its_socket_at_once(
         assert open_fds() == before
         await client.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_tls_stream_that_cannot_be_set_up_closes_its_socket(ca: trustme.CA) -> None:
+    """A host name the SSL module refuses for SNI fails before the handshake: the TCP
+    connection already dialed is closed with it."""
+    server = SilentTlsServer()
+    client = WebhookClient(timeout_seconds=30, ssl_context=client_context(ca))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        before = open_fds()
+        with pytest.raises(ValueError, match="server_hostname"):
+            await client.post(Origin("https", ".hook.example", port), ["127.0.0.1"], b"/",
+                              HEADERS, BODY)  # fmt: skip
+        with trio.fail_after(5):
+            await server.closed.wait()
+        assert open_fds() == before
+        await client.aclose()
+        nursery.cancel_scope.cancel()

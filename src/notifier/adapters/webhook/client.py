@@ -274,15 +274,12 @@ class WebhookClient:
         certificate when it names one (the caller's deadline bounds it)."""
         try:
             context = self._context(origin.identity)
-        except httpx.ConnectError:
-            await close_stream(stream, self._timeout)
-            raise
-        host = origin.host
-        tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
-        try:
+            tls = trio.SSLStream(
+                stream, context, server_hostname=origin.host, https_compatible=True
+            )
             await tls.do_handshake()
-        except BaseException:
-            await close_stream(stream, self._timeout)
+        except BaseException:  # no identity, a host SNI refuses, a failed or cancelled handshake
+            await close_stream(stream, self._timeout)  # the dialed socket goes at once
             raise
         return tls
 
