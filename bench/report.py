@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.run import Stage
+    from bench.stage import Stage
 
 GROUPS = ("server", "postgres", "pg_own", "rabbitmq", "harness")
 # Postgres and RabbitMQ are shared with whatever else runs on the machine: "postgres" is every

@@ -21,194 +21,20 @@ CPU is utime+stime from /proc for notifier (or the baseline), every postgres pro
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import math
-import os
-import platform
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
 from bench import report
-from bench.procs import CpuGroups, Processes, alive, children, pids_named, rss_kib, wait_for
-from bench.scratch import Scratch
-from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
-
-HERE = Path(__file__).resolve().parent
-
-
-@dataclass
-class Stage:
-    key: str
-    name: str
-    unit: str
-    items: int
-    seconds: float
-    p50_ms: float | None = None
-    p95_ms: float | None = None
-    p99_ms: float | None = None
-    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else 0.0
-
-    def per_1000(self, group: str) -> float | None:
-        if group not in self.cpu or not self.items:
-            return None
-        return self.cpu[group] / self.items * 1000
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["rate"] = self.rate
-        out["cpu_per_1000"] = {g: self.per_1000(g) for g in self.cpu}
-        return out
+from bench.harness import Harness
+from bench.procs import children, rss_kib, wait_for
+from bench.sink import Sink
+from bench.stage import Stage, percentile
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of ``values`` (not empty), ``q`` in [0, 100]."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
-
-
-def notifier_config(path: Path, s: Scratch, port: int, level: str) -> None:
-    path.write_text(f"""
-[service]
-shutdown_grace_seconds = 5
-[database]
-url = "{s.db_url}"
-pool_max_size = 20
-[broker]
-url = "{s.amqp_url}"
-[ingest]
-bind = "127.0.0.1:{port}"
-[relay]
-batch_size = 500
-poll_interval_seconds = 0.5
-[workers.webhook]
-concurrency = 16
-prefetch = 64
-allow_private_networks = true
-[logging]
-level = "{level}"
-""")
-
-
-class Bench:
-    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
-        self.args = args
-        self.tmp = tmp
-        self.procs = Processes(tmp)
-        self.scratch = Scratch()
-        self.sink: Sink | None = None
-        self.subject: subprocess.Popen[bytes] | None = None  # the measured server process
-        self.wrk_cpu = 0.0
-        self.port = free_port()
-        self.stages: list[Stage] = []
-        self.samples: dict[str, Any] = {}
-        beam = pids_named("beam.smp")
-        self.cpu = CpuGroups({
-            # notifier, and with --processes the launch's processes under it
-            "server": lambda: alive([self.subject.pid, *children(self.subject.pid)])
-            if self.subject else [],
-            "postgres": lambda: pids_named("postgres"),
-            "pg_own": lambda: self.scratch.backend_pids() if self.scratch.created else [],
-            "rabbitmq": lambda: beam,
-            "harness": lambda: self.sink.pids() if self.sink else [],
-        })  # fmt: skip
-
-    # -- helpers --
-
-    def say(self, text: str) -> None:
-        print(text, flush=True)
-
-    def start_notifier(
-        self,
-        roles: str,
-        level: str = "INFO",
-        traced_every: float | None = None,
-        traced_frames: int = 1,
-        wait: bool = True,
-        processes: int = 1,
-    ) -> subprocess.Popen[bytes]:
-        """Start notifier with ``roles`` (in ``processes`` processes); with ``wait``, return once
-        it logged that it runs (an INFO line: below INFO a caller has its own sign, such as the
-        first webhook)."""
-        config = self.tmp / f"notifier-{level}.toml"
-        notifier_config(config, self.scratch, self.port, level)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
-        name = f"notifier-{roles.replace(',', '+')}-{level}"
-        if processes > 1:
-            name += f"-x{processes}"
-        log = self.tmp / f"{name}.log"
-        offset = log.stat().st_size if log.exists() else 0
-        argv = [sys.executable, "-m", "notifier"]
-        if traced_every is not None:
-            argv = [sys.executable, str(HERE / "traced.py"), str(self.tmp / "trace.txt"),
-                    str(traced_every), str(traced_frames)]  # fmt: skip
-        argv += ["run", "--role", roles, "--config", str(config)]
-        if processes > 1:
-            argv += ["--processes", str(processes)]
-        running = b"notifier running" if processes == 1 else b"launch running"
-        proc = self.procs.start(name, argv, env)
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"notifier exited {proc.returncode}; see {log}")
-            with log.open("rb") as f:
-                f.seek(offset)
-                return running in f.read()
-
-        self.subject = proc
-        if wait:
-            wait_for(ready, 60, f"notifier {roles} to start")
-        return proc
-
-    def stop_subject(self) -> None:
-        if self.subject is not None:
-            code = self.procs.stop(self.subject)
-            if code not in (0, -15):
-                self.say(f"warning: the measured process exited {code}")
-            self.subject = None
-
-    def run_wrk(self, url: str, *, path: str, batch: int, event_type: str, seconds: float,
-                connections: int, delay_ms: float = 0.0) -> WrkResult:  # fmt: skip
-        proc, out = start_wrk(
-            self.procs, self.tmp, url, key=self.scratch.key, path=path, batch=batch,
-            event_type=event_type, seconds=seconds, connections=connections, delay_ms=delay_ms,
-        )  # fmt: skip
-        # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        self.wrk_cpu += usage.ru_utime + usage.ru_stime
-        if not out.exists():
-            raise RuntimeError(f"wrk exited {proc.returncode} without figures; see {self.tmp}")
-        from bench.sink import wrk_result
-
-        return wrk_result(proc, out, 5)
-
-    def measure(self) -> Callable[[], dict[str, float]]:
-        """Start measuring CPU; the returned function ends it (CPU seconds per group)."""
-        before = self.cpu.read()
-        wrk0 = self.wrk_cpu
-
-        def stop() -> dict[str, float]:
-            spent = CpuGroups.spent(before, self.cpu.read())
-            spent["harness"] += self.wrk_cpu - wrk0
-            return spent
-
-        return stop
+class Bench(Harness):
+    """The stages, one after the other (``run``), on the harness."""
 
     # -- stages --
 
@@ -404,18 +230,6 @@ class Bench:
             if a.webhook_id in created
         ]
 
-    def baseline_asyncio(self, http: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
-                "--amqp", self.scratch.amqp_url, "--http", http]  # fmt: skip
-        self.subject = self.procs.start(f"baseline-asyncio-{http}", argv)
-        return self.subject
-
-    def baseline_quart(self) -> None:
-        argv = [sys.executable, str(HERE / "baseline_quart.py"), "--bind",
-                f"127.0.0.1:{self.port}"]  # fmt: skip
-        self.subject = self.procs.start("baseline-quart", argv)
-        wait_for(lambda: listening(self.port), 30, "the quart-trio baseline")
-
     # -- the whole run --
 
     def run(self) -> None:
@@ -473,77 +287,3 @@ class Bench:
                        "bench.memory", 100_000, lambda: self.start_notifier("workers", wait=False),
                        rss_every=1.0, progress_every=10_000)  # fmt: skip
             self.stop_subject()
-
-    def close(self) -> None:
-        try:
-            self.stop_subject()
-        finally:
-            self.procs.close()
-            self.scratch.drop()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
-    parser.add_argument("--seconds", type=float, default=15.0, help="wrk duration per stage")
-    parser.add_argument("--backlog", type=int, default=10_000, help="deliveries per drain")
-    parser.add_argument("--relay-rows", type=int, default=20_000)
-    parser.add_argument("--paced-seconds", type=float, default=20.0)
-    parser.add_argument("--paced-fraction", type=float, default=0.5)
-    parser.add_argument("--no-warning-run", dest="warning_run", action="store_false",
-                        help="skip the delivery stage at log level WARNING")  # fmt: skip
-    parser.add_argument("--scaling", action="store_true",
-                        help="only the scaling stages: 1 and 2 processes")  # fmt: skip
-    parser.add_argument("--memory", action="store_true",
-                        help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
-    parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",
-                        help="only the soak: deliver N (default 500,000), print RSS")  # fmt: skip
-    parser.add_argument("--trace", action="store_true",
-                        help="with --soak: tracemalloc and gc counts in the workers")  # fmt: skip
-    parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
-    parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
-                        help="frames kept per allocation (more: slower)")  # fmt: skip
-    parser.add_argument("--json", type=Path, metavar="FILE")
-    parser.add_argument("--chart", type=Path, metavar="FILE.png")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    args = parser.parse_args()
-    for tool in ("wrk", "nginx"):
-        if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
-            print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
-            return 2
-    # a SIGTERM unwinds like Ctrl-C: the processes started here are killed and the scratch
-    # database and vhost dropped on the way out
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    tmp = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
-    bench = Bench(args, tmp)
-    started = time.time()
-    try:
-        if args.soak:
-            from bench.soak import soak
-
-            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every,
-                 trace_frames=args.trace_frames)  # fmt: skip
-        else:
-            bench.run()
-    finally:
-        bench.close()
-    elapsed = time.time() - started
-    if not args.soak:
-        print(report.ratios(bench.stages), flush=True)
-        print(report.scaling(bench.stages), flush=True)
-        print(report.memory(bench.stages), flush=True)
-    print(f"\n{report.machine()}; run took {elapsed:.0f} s", flush=True)
-    result = {
-        "machine": report.machine_info(), "started": started, "seconds": elapsed,
-        "argv": sys.argv[1:], "python": platform.python_version(),
-        "stages": [s.as_dict() for s in bench.stages],
-        "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
-        "samples": bench.samples,
-    }  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    if args.chart:
-        report.chart(result, args.chart)
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0

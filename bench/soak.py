@@ -16,7 +16,7 @@ from bench.procs import rss_kib, wait_for
 from bench.sink import Sink
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.harness import Harness
 
 CHUNK = 20_000
 WARMUP = 0.1  # the fraction of N left out of the slope
@@ -38,7 +38,7 @@ def slope_bytes_per_delivery(samples: list[tuple[float, int, int]], after: int) 
 
 
 def soak(
-    bench: Bench, total: int, trace: bool = False, trace_every: float = 60.0,
+    bench: Harness, total: int, trace: bool = False, trace_every: float = 60.0,
     trace_frames: int = 1,
 ) -> None:  # fmt: skip
     s = bench.scratch

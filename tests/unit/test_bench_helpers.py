@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from bench.baseline_asyncio import load_queries
 from bench.procs import CpuGroups
-from bench.run import percentile
 from bench.sink import read_arrivals
 from bench.soak import slope_bytes_per_delivery
+from bench.stage import percentile
 
 from notifier.store.base import Q
 

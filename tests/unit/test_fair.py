@@ -22,7 +22,8 @@ from notifier.testing import DestinationsAdapter, MemoryBroker, MemoryDeliveries
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.fair import FairDispatch, FairShare, Verdict
 from notifier.worker.group import fair_share, worker_task
-from notifier.worker.handle import DEFER_FAILED_PAUSE_SECONDS, Handler
+from notifier.worker.handle import Handler
+from notifier.worker.republish import DEFER_FAILED_PAUSE_SECONDS
 
 TIERS = (1, 5, 15, 30, 60, 120)
 POLICY = RetryPolicy(base_seconds=1, max_seconds=30, tiers_seconds=TIERS)

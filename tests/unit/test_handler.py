@@ -38,11 +38,10 @@ from notifier.worker.decide import RetryPolicy
 from notifier.worker.group import outcome_observers
 from notifier.worker.handle import (
     DEADLINE_BACKSTOP_SECONDS,
-    RETRY_PUBLISH_TIMEOUT_SECONDS,
     STORE_UNAVAILABLE_PAUSE_SECONDS,
     Handler,
-    Publish,
 )
+from notifier.worker.republish import RETRY_PUBLISH_TIMEOUT_SECONDS, Publish
 
 TIMEOUT = 10.0
 TIERS = (1, 5, 15, 30)

@@ -25,9 +25,9 @@ from notifier.adapters.webhook.client import (
     MAX_INFORMATIONAL,
     PHASES,
     Answer,
-    Origin,
     WebhookClient,
 )
+from notifier.adapters.webhook.pool import Origin
 from notifier.errors import PermanentError, RetriableError
 from notifier.testing import worker_message
 

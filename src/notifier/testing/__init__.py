@@ -14,7 +14,8 @@
 - ``RecordingObserver``: the worker's outcome observer, keeping every outcome it is told.
 - ``SettleRecorder``: where a consumed message is settled, keeping each settlement.
 
-The HTTP API's store in memory is ``notifier.testing.api.MemoryApiStore``.
+The HTTP API's store in memory is ``notifier.testing.api.MemoryApiStore`` (its state in
+``testing.api_state``, its deliveries' part in ``testing.api_deliveries``).
 
 They implement the same interfaces the production classes do; nothing is monkeypatched.
 """

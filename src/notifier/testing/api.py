@@ -15,25 +15,18 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import msgspec
-import trio
 
-from notifier.errors import StoreUnavailable
 from notifier.store.api import ApiStore
-from notifier.store.console import DeliveryFilter, FoundDelivery, HourlyCount
-from notifier.store.deliveries import not_replayable
 from notifier.store.errors import (
     ConfigChanged,
     IdempotencyConflict,
-    NotFound,
     UnknownChannels,
 )
 from notifier.store.rows import (
-    Attempt,
     Channel,
     ChannelChanges,
     Delivery,
@@ -43,87 +36,28 @@ from notifier.store.rows import (
     IngestResult,
     MetricsSnapshot,
     NewEvent,
-    ReplayPage,
 )
-from notifier.store.versions import LATEST, SchemaState
-from notifier.testing import fanout_targets, pattern_matches
-from notifier.testing.buckets import MemoryBuckets
+from notifier.store.versions import SchemaState
+from notifier.testing import fanout_targets
+from notifier.testing.api_deliveries import MemoryApiDeliveries
+from notifier.testing.api_state import StoredDelivery, StoredEvent
 
 DEFAULT_MAX_ATTEMPTS = 5  # when neither the channel nor its type says (as in insert_events)
 
 
-@dataclass
-class _StoredEvent:
-    tenant_id: uuid.UUID
-    event: Event  # its deliveries as they were created
-    request_hash: str
-
-
-@dataclass
-class _StoredDelivery:
-    tenant_id: uuid.UUID
-    delivery: Delivery
-    attempts: list[Attempt] = field(default_factory=list)
-
-
-class MemoryApiStore(ApiStore):
+class MemoryApiStore(MemoryApiDeliveries, ApiStore):
     """An ``ApiStore`` in memory (see the module docstring); mypy checks it implements the
-    interface it names."""
+    interface it names. Its state is ``api_state.MemoryApiState``'s, its deliveries' part
+    ``api_deliveries.MemoryApiDeliveries``."""
 
-    def __init__(self) -> None:
-        self.tenants: dict[str, uuid.UUID] = {}  # API key hash -> tenant id
-        self.schema = SchemaState(frozenset(range(1, LATEST + 1)))  # what schema_state answers
-        self.channels: dict[uuid.UUID, Channel] = {}
-        self.events: dict[uuid.UUID, _StoredEvent] = {}
-        self.deliveries: dict[uuid.UUID, _StoredDelivery] = {}
-        self.enqueued: list[uuid.UUID] = []  # delivery ids handed to the outbox, in order
-        self.unavailable = False
-        self.buckets = MemoryBuckets()  # the ingest rate limit's
-        # destinations' circuits by (channel type, destination); a test sets them
-        self.circuits: dict[tuple[str, str], DestinationCircuit] = {}
-        self._last_time = datetime.now(UTC)
-
-    # -- for tests ----------------------------------------------------------------------------
+    # -- for tests --------------------------------------------------------------------------------
 
     async def create_tenant(self, name: str, api_key_hash: str) -> uuid.UUID:
         await self._call()
         self.tenants[api_key_hash] = tenant_id = uuid.uuid4()
         return tenant_id
 
-    def settle(
-        self,
-        delivery_id: uuid.UUID,
-        status: str,
-        *,
-        attempt: int = 1,
-        error: str | None = None,
-        response_excerpt: str | None = None,
-    ) -> None:
-        """What a worker would write: the delivery ``status`` after ``attempt`` (with the
-        receiver's ``response_excerpt``)."""
-        stored = self.deliveries[delivery_id]
-        now = self._now()
-        stored.delivery = msgspec.structs.replace(
-            stored.delivery, status=status, attempt=attempt, last_error=error,
-            delivered_at=now if status == "DELIVERED" else None,
-        )  # fmt: skip
-        outcome = {"DELIVERED": "delivered", "DEAD": "dead"}.get(status, "retry")
-        stored.attempts.append(Attempt(
-            attempt=attempt, outcome=outcome, status_code=None, duration_ms=1, error=error,
-            response_excerpt=response_excerpt, started_at=now,
-        ))  # fmt: skip
-
-    def _now(self) -> datetime:
-        """Now, and always later than the last time given: rows are ordered by creation."""
-        self._last_time = max(datetime.now(UTC), self._last_time + timedelta(microseconds=1))
-        return self._last_time
-
-    async def _call(self) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.unavailable:
-            raise StoreUnavailable("memory store is unavailable")
-
-    # -- health, metrics, tenants -------------------------------------------------------------
+    # -- health, metrics, tenants -----------------------------------------------------------------
 
     async def ping(self, timeout_seconds: float) -> None:
         await self._call()
@@ -155,7 +89,7 @@ class MemoryApiStore(ApiStore):
         await self._call()
         return await self.buckets.admit(key, count, capacity=capacity, rate=rate)
 
-    # -- channels -----------------------------------------------------------------------------
+    # -- channels ---------------------------------------------------------------------------------
 
     async def create_channel(
         self,
@@ -180,10 +114,6 @@ class MemoryApiStore(ApiStore):
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel
-
-    def _channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None:
-        channel = self.channels.get(channel_id)
-        return channel if channel is not None and channel.tenant_id == tenant_id else None
 
     async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None:
         await self._call()
@@ -244,7 +174,7 @@ class MemoryApiStore(ApiStore):
         del self.channels[channel_id]
         return True
 
-    # -- events -------------------------------------------------------------------------------
+    # -- events -----------------------------------------------------------------------------------
 
     async def ingest(
         self,
@@ -311,7 +241,7 @@ class MemoryApiStore(ApiStore):
                 max_attempts=c.max_attempts or max_attempts.get(c.type, DEFAULT_MAX_ATTEMPTS),
                 last_error=None, next_attempt_at=None, delivered_at=None, created_at=now,
             )  # fmt: skip
-            self.deliveries[delivery.id] = _StoredDelivery(tenant_id, delivery)
+            self.deliveries[delivery.id] = StoredDelivery(tenant_id, delivery)
             self.enqueued.append(delivery.id)
             summaries.append(DeliverySummary(
                 id=delivery.id, channel_id=c.id, channel_type=c.type, status="PENDING"
@@ -320,10 +250,10 @@ class MemoryApiStore(ApiStore):
             id=e.id, type=e.type, recipient=e.recipient, payload=msgspec.json.decode(e.payload),
             idempotency_key=e.idempotency_key, created_at=now, deliveries=summaries,
         )  # fmt: skip
-        self.events[e.id] = _StoredEvent(tenant_id, event, e.request_hash)
+        self.events[e.id] = StoredEvent(tenant_id, event, e.request_hash)
         return event
 
-    def _current(self, stored: _StoredEvent) -> Event:
+    def _current(self, stored: StoredEvent) -> Event:
         """The event with its deliveries as they are now (``event_get``)."""
         summaries = [
             DeliverySummary(id=d.id, channel_id=d.channel_id, channel_type=d.channel_type,
@@ -339,161 +269,3 @@ class MemoryApiStore(ApiStore):
         if stored is None or stored.tenant_id != tenant_id:
             return None
         return self._current(stored)
-
-    # -- deliveries ---------------------------------------------------------------------------
-
-    def _deliveries(self, tenant_id: uuid.UUID) -> list[Delivery]:
-        return [s.delivery for s in self.deliveries.values() if s.tenant_id == tenant_id]
-
-    async def list_deliveries(
-        self,
-        tenant_id: uuid.UUID,
-        *,
-        status: str | None,
-        channel_id: uuid.UUID | None,
-        event_id: uuid.UUID | None,
-        before: tuple[datetime, uuid.UUID] | None,
-        limit: int,
-    ) -> list[Delivery]:
-        await self._call()
-        found = sorted(
-            (d for d in self._deliveries(tenant_id)
-             if (status is None or d.status == status)
-             and (channel_id is None or d.channel_id == channel_id)
-             and (event_id is None or d.event_id == event_id)
-             and (before is None or (d.created_at, d.id) < before)),
-            key=lambda d: (d.created_at, d.id), reverse=True,
-        )  # fmt: skip
-        return found[:limit]
-
-    async def get_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> Delivery | None:
-        await self._call()
-        stored = self.deliveries.get(delivery_id)
-        if stored is None or stored.tenant_id != tenant_id:
-            return None
-        return msgspec.structs.replace(stored.delivery, attempts=list(stored.attempts))
-
-    def _channel_state(self, delivery: Delivery) -> str:
-        """The rule of the SQL function ``notifier_channel_state`` (schema.sql), in memory."""
-        channel = self.channels.get(delivery.channel_id)
-        if channel is None:
-            return "deleted"
-        return "enabled" if channel.enabled else "disabled"
-
-    def _replay(self, stored: _StoredDelivery) -> None:
-        """Enqueue a finished delivery again with a fresh attempt budget: the rules of
-        ``replay`` (queries_deliveries.sql) — a ``replayed`` entry numbered after every entry
-        before it, the budget counted from it."""
-        d = stored.delivery
-        entry = max([d.attempt, *(a.attempt for a in stored.attempts)]) + 1
-        last_replay = max(
-            (a.attempt for a in stored.attempts if a.outcome == "replayed" and a.error is None),
-            default=0,
-        )
-        stored.attempts.append(Attempt(
-            attempt=entry, outcome="replayed", status_code=None, duration_ms=0, error=None,
-            started_at=self._now(),
-        ))  # fmt: skip
-        stored.delivery = msgspec.structs.replace(
-            d, status="PENDING", attempt=entry,
-            max_attempts=entry + max(d.max_attempts - last_replay, 1), last_error=None,
-            next_attempt_at=None, delivered_at=None,
-        )  # fmt: skip
-        self.enqueued.append(d.id)
-
-    async def replay_delivery(self, tenant_id: uuid.UUID, delivery_id: uuid.UUID) -> None:
-        await self._call()
-        stored = self.deliveries.get(delivery_id)
-        if stored is None or stored.tenant_id != tenant_id:
-            raise NotFound("delivery not found")
-        if refused := not_replayable(stored.delivery.status, self._channel_state(stored.delivery)):
-            raise refused
-        self._replay(stored)
-
-    async def replay_deliveries(
-        self,
-        tenant_id: uuid.UUID,
-        *,
-        status: str,
-        channel_id: uuid.UUID | None,
-        event_type: str | None,
-        created_after: datetime | None,
-        created_before: datetime | None,
-        after: tuple[datetime, uuid.UUID] | None = None,
-        limit: int,
-    ) -> ReplayPage:
-        await self._call()
-
-        def matches(s: _StoredDelivery) -> bool:
-            d = s.delivery
-            return (
-                s.tenant_id == tenant_id and d.status == status
-                and self._channel_state(d) == "enabled"
-                and (channel_id is None or d.channel_id == channel_id)
-                and (event_type is None
-                     or pattern_matches(event_type, self.events[d.event_id].event.type))
-                and (created_after is None or d.created_at >= created_after)
-                and (created_before is None or d.created_at < created_before)
-            )  # fmt: skip
-
-        walk = sorted(
-            (s for s in self.deliveries.values() if matches(s)),
-            key=lambda s: (s.delivery.created_at, s.delivery.id),
-        )
-        if after is not None:
-            walk = [s for s in walk if (s.delivery.created_at, s.delivery.id) > after]
-        taken, rest = walk[:limit], walk[limit:]
-        for stored in taken:
-            self._replay(stored)
-        last = taken[-1].delivery if taken else None
-        position = (last.created_at, last.id) if rest and last is not None else None
-        return ReplayPage(queued=len(taken), more=bool(rest), next=position)
-
-    # -- the console's reads ------------------------------------------------------------------
-
-    def _found(self, tenant_id: uuid.UUID, f: DeliveryFilter) -> list[FoundDelivery]:
-        """``console_deliveries``'s rule, newest first."""
-        found = [
-            FoundDelivery(delivery=d, event_type=self.events[d.event_id].event.type)
-            for d in self._deliveries(tenant_id)
-            if (f.status is None or d.status == f.status)
-            and (f.channel_id is None or d.channel_id == f.channel_id)
-            and (f.event_type is None
-                 or pattern_matches(f.event_type, self.events[d.event_id].event.type))
-            and (f.created_after is None or d.created_at >= f.created_after)
-            and (f.created_before is None or d.created_at < f.created_before)
-        ]  # fmt: skip
-        return sorted(found, key=lambda x: (x.delivery.created_at, x.delivery.id), reverse=True)
-
-    async def find_deliveries(
-        self,
-        tenant_id: uuid.UUID,
-        found_by: DeliveryFilter,
-        *,
-        before: tuple[datetime, uuid.UUID] | None,
-        limit: int,
-    ) -> list[FoundDelivery]:
-        await self._call()
-        found = [
-            x for x in self._found(tenant_id, found_by)
-            if before is None or (x.delivery.created_at, x.delivery.id) < before
-        ]  # fmt: skip
-        return found[:limit]
-
-    async def count_deliveries(
-        self, tenant_id: uuid.UUID, found_by: DeliveryFilter, *, replayable: bool = False
-    ) -> int:
-        await self._call()
-        return sum(
-            1 for x in self._found(tenant_id, found_by)
-            if not replayable or self._channel_state(x.delivery) == "enabled"
-        )  # fmt: skip
-
-    async def hourly_counts(self, tenant_id: uuid.UUID, now: datetime) -> list[HourlyCount]:
-        await self._call()
-        counts = Counter(
-            (int((now - d.created_at) / timedelta(hours=1)), d.status)
-            for d in self._deliveries(tenant_id)
-            if now - timedelta(days=1) < d.created_at <= now
-        )
-        return [HourlyCount(h, status, n) for (h, status), n in counts.items()]

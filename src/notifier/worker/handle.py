@@ -1,7 +1,7 @@
 """One message, start to finish (docs/architecture.md §5): decode → skip if settled → the
 destination's circuit (``worker.circuit``: deferred while open) → rate limit (buckets shared by
 every process, taken in one statement, only where a limit applies) → deliver → publish the
-retry → record → settle.
+retry (``worker.republish``, which also sends the fair share's deferrals) → record → settle.
 
 Per-message failures never leave ``handle``: anything an adapter raises becomes an attempt row
 and a settlement, and the worker task goes on with the next message. ``trio.Cancelled`` always
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -31,34 +30,28 @@ import msgspec
 import trio
 
 from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter, destination_of
-from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
-from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
-from notifier.errors import BrokerError, DeliveryError, PermanentError, RetriableError, StoreError
-from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.broker.base import Incoming, Settle
+from notifier.errors import DeliveryError, PermanentError, RetriableError, StoreError
+from notifier.messages import WorkerMessage, decode_message
 from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
 from notifier.worker.circuit import Breaker, Gate
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 from notifier.worker.observe import DEFERRED, UNDECODABLE, Observers, Outcome, OutcomeObserver
+from notifier.worker.republish import Publish, Republisher
 
 log = logging.getLogger("notifier.worker")
 
 # The retry publish and the final write of an attempt that happened are finished even during
 # shutdown, bounded by this.
 FINAL_WRITE_TIMEOUT_SECONDS = 10.0
-# Of that, the retry publish (with a repair of its route, see broker.repair) may take this long;
-# the rest is the record's.
-RETRY_PUBLISH_TIMEOUT_SECONDS = 6.0
+# Of that, the retry publish may take worker.republish.RETRY_PUBLISH_TIMEOUT_SECONDS.
 # Postgres unreachable: hold the message this long before handing it back to the queue, so an
 # outage does not spin messages through the queue (each return counts against its delivery
 # limit).
 STORE_UNAVAILABLE_PAUSE_SECONDS = 5.0
-# A deferral whose copy the broker did not take: the original is held this long, then requeued.
-DEFER_FAILED_PAUSE_SECONDS = 1.0
 # How much later than the timeout the call of a ``KeepsDeadline`` adapter is cut.
 DEADLINE_BACKSTOP_SECONDS = 1.0
-
-Publish = Callable[[Outgoing], Awaitable[Confirm]]
 
 
 class DeliveryStore(Protocol):
@@ -108,7 +101,11 @@ class Handler:
         self._limits = limits
         self._circuits = circuits
         self._refusals = Refusals()  # refused takes, answered again here until their time
-        self._publish = publish
+        self._republish = Republisher(
+            publish, adapter.channel_type, policy.tiers_seconds,
+            deferred=lambda message_id, message: self._observe(message_id, message, DEFERRED),
+            bound_seconds=FINAL_WRITE_TIMEOUT_SECONDS,
+        )  # fmt: skip
         self._timeout = timeout_seconds
         # An adapter that ends its attempts at the timeout itself (and says where) gets a
         # little longer here: this limit is then only the backstop.
@@ -155,31 +152,9 @@ class Handler:
     ) -> None:
         """Trio-flavoured. Send the message through the delay tier covering ``seconds``, at the
         same attempt, and ack it: its destination has its fair share of the tasks already
-        (``worker.fair``). No attempt is used and nothing is written to Postgres. When the copy
-        is not confirmed the original goes back to the queue after a pause (so a broker fault
-        does not spin it). Never raises ``Exception``."""
-        tier = tier_for(seconds, self._policy.tiers_seconds)
-        queue = retry_queue(self._type, tier)
-        out = Outgoing(RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id))
-        confirm, why = Confirm.UNCONFIRMED, "no confirm in time"
-        with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
-            confirm, why = await self._publish_retry(out)
-        if confirm is Confirm.CONFIRMED:
-            log.debug(
-                "delivery %s attempt %d: %s is at its share; deferred %d s",
-                message.delivery_id, message.attempt, destination, tier,
-                extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
-            )  # fmt: skip
-            self._observe(incoming.message_id, message, DEFERRED)
-            incoming.settle(Settle.ACK)
-            return
-        log.warning(
-            "delivery %s attempt %d: deferring to %s failed (%s); requeueing",
-            message.delivery_id, message.attempt, queue, why,
-            extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
-        )  # fmt: skip
-        await trio.sleep(DEFER_FAILED_PAUSE_SECONDS)
-        incoming.settle(Settle.REQUEUE)
+        (``worker.fair``). No attempt is used and nothing is written to Postgres; see
+        ``worker.republish``. Never raises ``Exception``."""
+        await self._republish.defer(incoming, message, seconds, destination=destination)
 
     def _observe(
         self, message_id: str | None, message: WorkerMessage | None, outcome: str, *,
@@ -373,40 +348,13 @@ class Handler:
             response_excerpt=receipt.response_excerpt,
         )  # fmt: skip
 
-    async def _publish_retry(self, out: Outgoing) -> tuple[Confirm, str]:
-        """Publish a retry copy, bounded so that the record after it keeps its time; the
-        confirm, and what to log when it is not ``CONFIRMED``."""
-        with trio.move_on_after(RETRY_PUBLISH_TIMEOUT_SECONDS):
-            try:
-                confirm = await self._publish(out)
-            except BrokerError as exc:
-                return Confirm.UNCONFIRMED, repr(exc)
-            return confirm, confirm.value
-        return Confirm.UNCONFIRMED, f"no confirm in {RETRY_PUBLISH_TIMEOUT_SECONDS:g} s"
-
     async def _carry_out(
         self, message: WorkerMessage, message_id: str | None, decision: Decision,
         record: AttemptRecord, attempted: Attempted,
     ) -> Settle:  # fmt: skip
         """Retry copy first (confirmed), then the record, then the settlement of the original."""
         if decision.retry_tier is not None:
-            copy = message
-            if decision.retry_attempt is not None:
-                copy = msgspec.structs.replace(message, attempt=decision.retry_attempt)
-            queue = retry_queue(self._type, decision.retry_tier)
-            out = Outgoing(RETRY_EXCHANGE, queue, encode_message(copy), str(message.delivery_id))
-            confirm, why = await self._publish_retry(out)
-            if confirm is not Confirm.CONFIRMED:
-                # The attempt happened all the same: it is recorded (with its next_attempt_at)
-                # and the original acked. Handing the original back instead would call the
-                # receiver again at once, unrecorded, as fast as the broker redelivers it; the
-                # reconciler enqueues the next attempt from Postgres once it is overdue.
-                log.warning(
-                    "delivery %s attempt %d: publishing the retry to %s failed (%s); the "
-                    "reconciler enqueues it once it is overdue",
-                    message.delivery_id, message.attempt, queue, why,
-                    extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
-                )  # fmt: skip
+            await self._republish.retry(message, decision.retry_tier, decision.retry_attempt)
 
         def observe(recorded: bool) -> None:
             self._observe(

@@ -7,6 +7,7 @@
 - ``resolver``: host names to addresses without threads (``/etc/hosts``, then DNS), cached;
 - ``client``: the HTTP/1.1 client (h11 over trio), which dials only the checked addresses and
   reads an answer with a bound;
+- ``pool``: the client's kept-alive connections, by origin, and when one is not reused;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
 - ``tls``: the CAs trusted for receivers and the client identities for mutual TLS;
 - ``oauth``: OAuth2 client credentials, the token cache;

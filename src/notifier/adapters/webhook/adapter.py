@@ -38,9 +38,10 @@ import trio
 
 from notifier.adapters.base import Receipt
 from notifier.adapters.webhook.answers import classify, transport_error
-from notifier.adapters.webhook.client import Dialer, Origin, WebhookClient
+from notifier.adapters.webhook.client import Dialer, WebhookClient
 from notifier.adapters.webhook.headers import headers_problem, request_secrets
 from notifier.adapters.webhook.oauth import Credentials, Token, Tokens, read_token, token_request
+from notifier.adapters.webhook.pool import Origin
 from notifier.adapters.webhook.resolver import dns_resolver
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.adapters.webhook.ssrf import (

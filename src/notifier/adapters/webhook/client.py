@@ -21,11 +21,11 @@ What it does need is here, in one place:
   worker's concurrency bounds how many are busy);
 - a bounded body read: an answer is read up to ``max_body_bytes`` and the connection then
   closed, the rest never read; only an excerpt is kept;
-- keep-alive: a connection goes back to the pool only when both sides finished the exchange
-  (h11's ``DONE``: not after ``Connection: close``, an HTTP/1.0 answer, an error or a cut
-  body); idle connections expire after ``keepalive_seconds``, at most ``max_idle`` are kept
-  (the least recently used go first), and one whose socket has become readable while idle
-  (the server closed it, or sent something unasked) is closed rather than reused;
+- keep-alive: a connection goes back to the pool (``pool.Pool``) only when both sides
+  finished the exchange (h11's ``DONE``: not after ``Connection: close``, an HTTP/1.0 answer,
+  an error or a cut body); idle connections expire after ``keepalive_seconds``, at most
+  ``max_idle`` are kept (the least recently used go first), and one that has become readable
+  while idle (the server closed it, or sent something unasked) is closed rather than reused;
 - no retries: a request that fails on a reused connection is not sent again (it may have
   reached the receiver); the attempt fails as retriable and the worker's retry path takes over.
 
@@ -37,9 +37,7 @@ resolves to), and they do not chain to the socket's error, whose text does.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,12 +47,13 @@ import h11
 import httpx
 import trio
 
+from notifier.adapters.webhook.pool import BROKEN, Connection, Origin, Pool, close_stream
+
 # host or address, port -> a connected stream (tests pass a dialer that records or fakes)
 Dialer = Callable[[str, int], Awaitable[trio.abc.Stream]]
 READ_BYTES = 65536
 # Informational (1xx) answers read before the final one; past it the attempt fails (retriable).
 MAX_INFORMATIONAL = 10
-_BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 # What each phase of an exchange is called in a timeout's error.
 PHASES = {
     "connect": "connecting", "tls": "in the TLS handshake", "write": "sending the request",
@@ -91,19 +90,6 @@ async def tcp_dialer(address: str, port: int) -> trio.abc.Stream:
 
 
 @dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a request goes: the scheme, the host as dialed and verified (IDNA-mapped, an IPv6
-    address without brackets), the port, and the client identity presented over TLS (a name
-    of ``tls.Tls.identities``; None: no client certificate). Connections are pooled by origin,
-    so one with an identity never serves a request without it, nor one with another."""
-
-    scheme: str
-    host: str
-    port: int
-    identity: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Answer:
     """An HTTP answer: its status, headers (names lowercased) and the start of its body."""
 
@@ -120,37 +106,6 @@ class Answer:
                 except UnicodeDecodeError:
                     return value.decode("latin-1")
         return None
-
-
-class _Connection:
-    __slots__ = ("address", "h11", "idle_since", "origin", "stream")
-
-    def __init__(self, origin: Origin, address: str, stream: trio.abc.Stream) -> None:
-        self.origin = origin
-        self.address = address
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
-        self.idle_since = 0.0
-
-
-def _socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
-    if isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    return stream.socket if isinstance(stream, trio.SocketStream) else None
-
-
-def _readable(stream: trio.abc.Stream) -> bool:
-    """Whether an idle connection's socket has something to read: the server closed it (or
-    sent something nobody asked for). A stream that is not a socket's is taken as quiet."""
-    sock = _socket_of(stream)
-    if sock is None:
-        return False
-    fd = sock.fileno()
-    if fd < 0:
-        return True  # closed under us: not reusable
-    poller = select.poll()  # not select(): no limit on the descriptor's number
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 class WebhookClient:
@@ -179,16 +134,13 @@ class WebhookClient:
         self._identities = dict(identities or {})
         self._max_body = max_body_bytes
         self._excerpt = excerpt_bytes
-        self._max_idle = max_idle
-        self._keepalive = keepalive_seconds
-        # Idle connections by origin, and all of them, each oldest first (dicts as ordered sets).
-        self._idle: dict[Origin, dict[_Connection, None]] = {}
-        self._lru: dict[_Connection, None] = {}
-        self._closed = False
+        self._pool = Pool(
+            max_idle=max_idle, keepalive_seconds=keepalive_seconds, close_seconds=timeout_seconds
+        )
 
     @property
     def idle_connections(self) -> int:
-        return len(self._lru)
+        return len(self._pool)
 
     async def post(
         self,
@@ -206,7 +158,7 @@ class WebhookClient:
         ``Content-Length``."""
         if deadline is None:
             deadline = trio.current_time() + self._timeout
-        conn = await self._checkout(origin, addresses)
+        conn = await self._pool.checkout(origin, addresses)
         phase = ["connect"]  # where the exchange is (a list: _connect and _read move it)
         answer: Answer | None = None
         reusable = False
@@ -223,7 +175,7 @@ class WebhookClient:
                 await conn.stream.send_all(data)
                 phase[0] = "read"
                 answer, reusable = await self._read(conn, phase)
-            except _BROKEN as exc:
+            except BROKEN as exc:
                 failure = _ERRORS[phase[0]](_reason(exc))
             except h11.RemoteProtocolError as exc:
                 raise httpx.RemoteProtocolError(str(exc)) from exc
@@ -232,16 +184,16 @@ class WebhookClient:
             finally:
                 if conn is not None:
                     if reusable:
-                        await self._checkin(conn)
+                        await self._pool.checkin(conn)
                     else:
-                        await self._discard(conn)
+                        await self._pool.discard(conn)
         if failure is not None:
             raise failure  # outside the except: not chained to the socket's text (the address)
         if answer is None:  # only the deadline leaves the scope without an answer or an error
             raise _TIMEOUTS[phase[0]](PHASES[phase[0]])
         return answer
 
-    async def _read(self, conn: _Connection, phase: list[str]) -> tuple[Answer, bool]:
+    async def _read(self, conn: Connection, phase: list[str]) -> tuple[Answer, bool]:
         """The answer, and whether the connection may be reused."""
         h = conn.h11
         status: int = 0
@@ -281,7 +233,7 @@ class WebhookClient:
 
     async def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, phase: list[str]
-    ) -> _Connection:
+    ) -> Connection:
         """A new connection to the first of ``addresses`` that answers (never anywhere else),
         TLS-wrapped for ``origin.host`` when the scheme is https. Each address may take an
         equal share of the time left before ``deadline``."""
@@ -293,7 +245,7 @@ class WebhookClient:
             with trio.move_on_at(now + (deadline - now) / (len(addresses) - i)):
                 try:
                     stream = await self._dial(address, origin.port)
-                except _BROKEN as exc:
+                except BROKEN as exc:
                     error = httpx.ConnectError(_reason(exc))
                     continue
                 break
@@ -304,7 +256,7 @@ class WebhookClient:
         if origin.scheme == "https":
             phase[0] = "tls"
             stream = await self._start_tls(stream, origin)
-        return _Connection(origin, address, stream)
+        return Connection(origin, address, stream)
 
     def _context(self, identity: str | None) -> ssl.SSLContext:
         if identity is not None:
@@ -322,79 +274,14 @@ class WebhookClient:
         certificate when it names one (the caller's deadline bounds it)."""
         try:
             context = self._context(origin.identity)
-        except httpx.ConnectError:
-            await _close(stream, self._timeout)
-            raise
-        host = origin.host
-        tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
-        try:
+            tls = trio.SSLStream(
+                stream, context, server_hostname=origin.host, https_compatible=True
+            )
             await tls.do_handshake()
-        except BaseException:
-            await _close(stream, self._timeout)
+        except BaseException:  # no identity, a host SNI refuses, a failed or cancelled handshake
+            await close_stream(stream, self._timeout)  # the dialed socket goes at once
             raise
         return tls
 
-    async def _checkout(self, origin: Origin, addresses: Sequence[str]) -> _Connection | None:
-        """The most recently used idle connection to ``origin`` at one of ``addresses`` that is
-        still good; stale ones on the way are closed."""
-        idle = self._idle.get(origin)
-        if not idle:
-            return None
-        now = trio.current_time()
-        found: _Connection | None = None
-        stale: list[_Connection] = []
-        for conn in reversed(idle):
-            if (
-                now - conn.idle_since < self._keepalive
-                and conn.address in addresses
-                and not _readable(conn.stream)
-            ):
-                found = conn
-                break
-            if conn.address in addresses or now - conn.idle_since >= self._keepalive:
-                stale.append(conn)
-        for conn in [*stale, *([found] if found else [])]:
-            del idle[conn]
-            del self._lru[conn]
-        if not idle:
-            del self._idle[origin]
-        for conn in stale:
-            await _close(conn.stream, self._timeout)
-        return found
-
-    async def _checkin(self, conn: _Connection) -> None:
-        if self._closed:
-            await _close(conn.stream, self._timeout)
-            return
-        conn.idle_since = now = trio.current_time()
-        self._idle.setdefault(conn.origin, {})[conn] = None
-        self._lru[conn] = None
-        while self._lru:  # the oldest first: past the bound, or expired
-            oldest = next(iter(self._lru))
-            if len(self._lru) <= self._max_idle and now - oldest.idle_since < self._keepalive:
-                break
-            del self._lru[oldest]
-            idle = self._idle[oldest.origin]
-            del idle[oldest]
-            if not idle:
-                del self._idle[oldest.origin]
-            await _close(oldest.stream, self._timeout)
-
-    async def _discard(self, conn: _Connection) -> None:
-        await _close(conn.stream, self._timeout)
-
     async def aclose(self) -> None:
-        self._closed = True
-        conns, self._lru = list(self._lru), {}
-        self._idle.clear()
-        for conn in conns:
-            await _close(conn.stream, self._timeout)
-
-
-async def _close(stream: trio.abc.Stream, seconds: float) -> None:
-    """Close ``stream`` even in a cancelled scope, without waiting on the peer: a TLS
-    connection's socket is closed without a close_notify (HTTP marks its own ends)."""
-    if isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    with trio.CancelScope(shield=True), trio.move_on_after(seconds), contextlib.suppress(*_BROKEN):
-        await stream.aclose()
+        await self._pool.aclose()

@@ -1,0 +1,83 @@
+"""``python -m bench``'s command line: parses the options, runs the stages (bench/run.py) or
+the soak (bench/soak.py), and prints and writes the report (bench/report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import report, run
+from bench.soak import soak
+
+
+def main() -> int:
+    title = run.__doc__.splitlines()[0] if run.__doc__ else None
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke test")
+    parser.add_argument("--seconds", type=float, default=15.0, help="wrk duration per stage")
+    parser.add_argument("--backlog", type=int, default=10_000, help="deliveries per drain")
+    parser.add_argument("--relay-rows", type=int, default=20_000)
+    parser.add_argument("--paced-seconds", type=float, default=20.0)
+    parser.add_argument("--paced-fraction", type=float, default=0.5)
+    parser.add_argument("--no-warning-run", dest="warning_run", action="store_false",
+                        help="skip the delivery stage at log level WARNING")  # fmt: skip
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the scaling stages: 1 and 2 processes")  # fmt: skip
+    parser.add_argument("--memory", action="store_true",
+                        help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
+    parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",
+                        help="only the soak: deliver N (default 500,000), print RSS")  # fmt: skip
+    parser.add_argument("--trace", action="store_true",
+                        help="with --soak: tracemalloc and gc counts in the workers")  # fmt: skip
+    parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
+                        help="frames kept per allocation (more: slower)")  # fmt: skip
+    parser.add_argument("--json", type=Path, metavar="FILE")
+    parser.add_argument("--chart", type=Path, metavar="FILE.png")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+    for tool in ("wrk", "nginx"):
+        if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
+            print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
+            return 2
+    # a SIGTERM unwinds like Ctrl-C: the processes started here are killed and the scratch
+    # database and vhost dropped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    tmp = Path(tempfile.mkdtemp(prefix="notifier-bench-"))
+    bench = run.Bench(args, tmp)
+    started = time.time()
+    try:
+        if args.soak:
+            soak(bench, args.soak, trace=args.trace, trace_every=args.trace_every,
+                 trace_frames=args.trace_frames)  # fmt: skip
+        else:
+            bench.run()
+    finally:
+        bench.close()
+    elapsed = time.time() - started
+    if not args.soak:
+        print(report.ratios(bench.stages), flush=True)
+        print(report.scaling(bench.stages), flush=True)
+        print(report.memory(bench.stages), flush=True)
+    print(f"\n{report.machine()}; run took {elapsed:.0f} s", flush=True)
+    result = {
+        "machine": report.machine_info(), "started": started, "seconds": elapsed,
+        "argv": sys.argv[1:], "python": platform.python_version(),
+        "stages": [s.as_dict() for s in bench.stages],
+        "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
+        "samples": bench.samples,
+    }  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.chart:
+        report.chart(result, args.chart)
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0

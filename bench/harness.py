@@ -1,0 +1,174 @@
+"""What every stage of the benchmark runs on: the scratch database and vhost, the nginx sink,
+the measured process (notifier with its config, or a baseline), wrk, and the CPU readings.
+``run.Bench`` adds the stages."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.procs import CpuGroups, Processes, alive, children, pids_named, wait_for
+from bench.scratch import Scratch
+from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
+from bench.stage import Stage
+
+HERE = Path(__file__).resolve().parent
+
+
+def notifier_config(path: Path, s: Scratch, port: int, level: str) -> None:
+    path.write_text(f"""
+[service]
+shutdown_grace_seconds = 5
+[database]
+url = "{s.db_url}"
+pool_max_size = 20
+[broker]
+url = "{s.amqp_url}"
+[ingest]
+bind = "127.0.0.1:{port}"
+[relay]
+batch_size = 500
+poll_interval_seconds = 0.5
+[workers.webhook]
+concurrency = 16
+prefetch = 64
+allow_private_networks = true
+[logging]
+level = "{level}"
+""")
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.procs = Processes(tmp)
+        self.scratch = Scratch()
+        self.sink: Sink | None = None
+        self.subject: subprocess.Popen[bytes] | None = None  # the measured server process
+        self.wrk_cpu = 0.0
+        self.port = free_port()
+        self.stages: list[Stage] = []
+        self.samples: dict[str, Any] = {}
+        beam = pids_named("beam.smp")
+        self.cpu = CpuGroups({
+            # notifier, and with --processes the launch's processes under it
+            "server": lambda: alive([self.subject.pid, *children(self.subject.pid)])
+            if self.subject else [],
+            "postgres": lambda: pids_named("postgres"),
+            "pg_own": lambda: self.scratch.backend_pids() if self.scratch.created else [],
+            "rabbitmq": lambda: beam,
+            "harness": lambda: self.sink.pids() if self.sink else [],
+        })  # fmt: skip
+
+    # -- helpers --
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def start_notifier(
+        self,
+        roles: str,
+        level: str = "INFO",
+        traced_every: float | None = None,
+        traced_frames: int = 1,
+        wait: bool = True,
+        processes: int = 1,
+    ) -> subprocess.Popen[bytes]:
+        """Start notifier with ``roles`` (in ``processes`` processes); with ``wait``, return once
+        it logged that it runs (an INFO line: below INFO a caller has its own sign, such as the
+        first webhook)."""
+        config = self.tmp / f"notifier-{level}.toml"
+        notifier_config(config, self.scratch, self.port, level)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
+        name = f"notifier-{roles.replace(',', '+')}-{level}"
+        if processes > 1:
+            name += f"-x{processes}"
+        log = self.tmp / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0
+        argv = [sys.executable, "-m", "notifier"]
+        if traced_every is not None:
+            argv = [sys.executable, str(HERE / "traced.py"), str(self.tmp / "trace.txt"),
+                    str(traced_every), str(traced_frames)]  # fmt: skip
+        argv += ["run", "--role", roles, "--config", str(config)]
+        if processes > 1:
+            argv += ["--processes", str(processes)]
+        running = b"notifier running" if processes == 1 else b"launch running"
+        proc = self.procs.start(name, argv, env)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"notifier exited {proc.returncode}; see {log}")
+            with log.open("rb") as f:
+                f.seek(offset)
+                return running in f.read()
+
+        self.subject = proc
+        if wait:
+            wait_for(ready, 60, f"notifier {roles} to start")
+        return proc
+
+    def stop_subject(self) -> None:
+        if self.subject is not None:
+            code = self.procs.stop(self.subject)
+            if code not in (0, -15):
+                self.say(f"warning: the measured process exited {code}")
+            self.subject = None
+
+    def run_wrk(self, url: str, *, path: str, batch: int, event_type: str, seconds: float,
+                connections: int, delay_ms: float = 0.0) -> WrkResult:  # fmt: skip
+        proc, out = start_wrk(
+            self.procs, self.tmp, url, key=self.scratch.key, path=path, batch=batch,
+            event_type=event_type, seconds=seconds, connections=connections, delay_ms=delay_ms,
+        )  # fmt: skip
+        # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.wrk_cpu += usage.ru_utime + usage.ru_stime
+        if not out.exists():
+            raise RuntimeError(f"wrk exited {proc.returncode} without figures; see {self.tmp}")
+        from bench.sink import wrk_result
+
+        return wrk_result(proc, out, 5)
+
+    def measure(self) -> Callable[[], dict[str, float]]:
+        """Start measuring CPU; the returned function ends it (CPU seconds per group)."""
+        before = self.cpu.read()
+        wrk0 = self.wrk_cpu
+
+        def stop() -> dict[str, float]:
+            spent = CpuGroups.spent(before, self.cpu.read())
+            spent["harness"] += self.wrk_cpu - wrk0
+            return spent
+
+        return stop
+
+    # -- stages --
+
+    # -- baselines --
+
+    def baseline_asyncio(self, http: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
+                "--amqp", self.scratch.amqp_url, "--http", http]  # fmt: skip
+        self.subject = self.procs.start(f"baseline-asyncio-{http}", argv)
+        return self.subject
+
+    def baseline_quart(self) -> None:
+        argv = [sys.executable, str(HERE / "baseline_quart.py"), "--bind",
+                f"127.0.0.1:{self.port}"]  # fmt: skip
+        self.subject = self.procs.start("baseline-quart", argv)
+        wait_for(lambda: listening(self.port), 30, "the quart-trio baseline")
+
+    # -- the whole run --
+
+    def close(self) -> None:
+        try:
+            self.stop_subject()
+        finally:
+            self.procs.close()
+            self.scratch.drop()
