@@ -18,6 +18,12 @@ from notifier.broker.topology import build_topology
 from notifier.config import Config
 from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
+from notifier.ingest.metrics_access import (
+    METRICS_MAX_BODY_BYTES,
+    create_metrics_app,
+    metrics_endpoint,
+    open_metrics_listeners,
+)
 from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.ingest.tenants import TenantCaches, keep_tenant_caches_fresh
 from notifier.lifecycle import Stop, supervise
@@ -130,6 +136,19 @@ async def run(
                         http2=config.ingest.http2, max_body_bytes=config.ingest.max_body_bytes,
                     )  # fmt: skip
                     await services.start(supervised, "ingest", ingest, stop)
+                    if config.ingest.metrics_bind:
+                        # /metrics on an address of its own; the ingest port answers 404 for it.
+                        metrics_app = create_metrics_app(metrics_endpoint(app))
+                        metrics_listeners = owned.enter_context(
+                            open_metrics_listeners(config.ingest.metrics_bind)
+                        )
+                        log.info("serving /metrics on %s", " ".join(metrics_listeners.binds))
+                        serve_metrics = functools.partial(
+                            serve_ingest, metrics_app, metrics_listeners, stop,
+                            grace_seconds=grace, http2=False,
+                            max_body_bytes=METRICS_MAX_BODY_BYTES,
+                        )  # fmt: skip
+                        await services.start(supervised, "metrics", serve_metrics, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
                             run_amqp_ingest, config, store, stop, metrics=metrics,
