@@ -72,6 +72,7 @@ async def run(
     validators: Mapping[str, ChannelValidator] | None = None,
     reporter: Reporter | None = None,
     tenant_caches: TenantCaches | None = None,
+    environ: Mapping[str, str] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Run the chosen roles until SIGINT/SIGTERM (or ``stop``), then drain.
@@ -83,7 +84,8 @@ async def run(
     that also validates configs, like ``notifier.testing.RecordingAdapter``, replaces its type's
     validator too), ``validators`` the specs' validators, and ``reporter`` the Sentry reporter
     that every supervisor and worker group reports to. ``tenant_caches`` holds the ingest
-    role's tenant caches (tests pass one with another TTL).
+    role's tenant caches (tests pass one with another TTL). ``environ`` holds the variable
+    ``ingest.metrics_token_env`` names (default: this process's environment).
 
     Deliverers, which read the adapters' secrets from the environment, are built only for the
     ``workers`` role; the API validates channel configs with the specs' validators.
@@ -126,7 +128,7 @@ async def run(
                         check_broker=functools.partial(amqp.probe, config.broker.url),
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
-                        tenant_caches=caches,
+                        tenant_caches=caches, environ=environ,
                     )  # fmt: skip
                     # Bound once (a port taken fails the start), kept while the server restarts.
                     listeners = owned.enter_context(open_listeners(config.ingest.bind))
