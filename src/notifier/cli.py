@@ -23,7 +23,8 @@ from notifier.broker.topology import build_topology, ingest_topology
 from notifier.config import Config, load_config, process_count
 from notifier.errors import ConfigError, NotifierError, StoreUnavailable
 from notifier.ingest.tenants import hash_api_key
-from notifier.launch import READY_FD_ENV, launch, notify_ready
+from notifier.launch import launch
+from notifier.launch_child import READY_FD_ENV, notify_ready, orphaned
 from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
 from notifier.store import open_store
@@ -147,6 +148,10 @@ def _require_schema(config: Config) -> None:
 
 
 def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
+    if (parent := orphaned()) is not None:
+        # A process of a launch whose parent died before it could ask to die with it.
+        log.error("the launch (pid %d) is gone: this process of it exits", parent)
+        return EXIT_FAILURE
     _require_schema(config)
     count = process_count(
         args.processes if args.processes is not None else config.service.processes
@@ -155,6 +160,8 @@ def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
         return launch(
             args.config, roles, count, grace_seconds=config.service.shutdown_grace_seconds,
             bind=config.ingest.bind if "ingest" in roles else None,
+            metrics_bind=config.ingest.metrics_bind if "ingest" in roles else None,
+            start_timeout_seconds=config.service.start_timeout_seconds,
         )  # fmt: skip
     setup_sentry(config.sentry)
     if READY_FD_ENV in os.environ:

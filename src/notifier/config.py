@@ -51,6 +51,9 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 class ServiceConfig(_Section, frozen=True):
     shutdown_grace_seconds: NonNegativeFloat = 10.0
+    # In a launch (`--processes N`), a process not ready this long after its start is killed
+    # and counted as a failed start.
+    start_timeout_seconds: PositiveFloat = 60.0
     # Processes of one launch (`notifier run --processes`): a number, or "auto" for one per
     # core; 1 runs the roles in this process, with no supervising parent.
     processes: Positive | Literal["auto"] = 1
@@ -167,12 +170,23 @@ class IngestConfig(_Section, frozen=True):
     write_timeout_seconds: PositiveFloat = 30.0
     max_connections: Positive | Literal["auto"] = "auto"
     max_connections_per_address: Annotated[int, msgspec.Meta(ge=0)] = 256
+    # /metrics protection: the environment variable holding a bearer token /metrics then asks
+    # for (at least 16 characters), and a HOST:PORT of its own to serve /metrics on instead of
+    # the ingest port. Unset: no token, /metrics on the ingest port.
+    metrics_token_env: str = ""
+    metrics_bind: str = ""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.write_timeout_seconds):
             raise key_error("write_timeout_seconds", "must be a finite number of seconds")
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
             raise key_error("bind", f"must be HOST:PORT, got {self.bind!r}")
+        if self.metrics_bind and not re.fullmatch(
+            r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.metrics_bind
+        ):
+            raise key_error("metrics_bind", f"must be HOST:PORT, got {self.metrics_bind!r}")
+        if self.metrics_bind and self.metrics_bind == self.bind:
+            raise key_error("metrics_bind", "must differ from ingest.bind")
         if self.rate_limit_per_second == 0:
             return
         if self.rate_limit_per_second < MIN_RATE_PER_SECOND:
@@ -572,12 +586,31 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     for key in ("url", "listen_url"):
         if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
             raise ConfigError(f"database.{key}: {problem}")
+    metrics_token(config.ingest, env if env is not None else os.environ)  # set, it must do
     nodes = config.broker.url
     for i, url in enumerate((nodes,) if isinstance(nodes, str) else nodes):
         if problem := amqp_url_problem(url):
             where = "broker.url" if isinstance(nodes, str) else f"broker.url[{i}]"
             raise ConfigError(f"{where}: {problem}")
     return config
+
+
+MIN_METRICS_TOKEN_CHARS = 16
+
+
+def metrics_token(ingest: IngestConfig, environ: Mapping[str, str]) -> str | None:
+    """The bearer token ``/metrics`` asks for, read from the variable ``metrics_token_env``
+    names; ``None`` when that key is unset. Never in an error: only its length."""
+    if not (var := ingest.metrics_token_env):
+        return None
+    token = environ.get(var, "")
+    if len(token) < MIN_METRICS_TOKEN_CHARS:
+        found = f"has {len(token)} characters" if token else "is not set or empty"
+        raise ConfigError(
+            f"ingest.metrics_token_env: the environment variable {var} (the bearer token of "
+            f"/metrics) {found}; it needs at least {MIN_METRICS_TOKEN_CHARS}"
+        )
+    return token
 
 
 _ENCODE_HINT = "percent-encode / # ? : @ in the user name and password (%2F %23 %3F %3A %40)"

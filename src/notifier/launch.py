@@ -9,18 +9,22 @@ the ingest port, so a bad config or a taken port fails the launch once, not N ti
 What the children share, the parent made:
 
 - the ingest port: the listening sockets, inherited (``$NOTIFIER_LISTEN_FDS``); every child
-  accepts on them, so clients see one address and a busy child simply accepts less;
+  accepts on them, so clients see one address and a busy child simply accepts less; the same
+  for ``ingest.metrics_bind`` when set (``$NOTIFIER_METRICS_LISTEN_FDS``);
 - the metrics directory (``$PROMETHEUS_MULTIPROC_DIR``), a temporary directory removed at the
-  end, so ``/metrics`` reports the whole launch (``notifier.metrics``);
+  end, so ``/metrics`` reports the whole launch (``notifier.metrics``); named after the parent,
+  so the next launch removes it when this one could not (killed: ``notifier.metrics_dirs``);
 - a readiness pipe per child (``$NOTIFIER_READY_FD``): the child writes one byte once every role
-  has started.
+  has started; and the parent's pid (``$NOTIFIER_LAUNCH_PID``): a child whose parent is already
+  gone exits at once (``notifier.launch_child``).
 
 A child that exits is started again after a backoff (``RestartPolicy``), and logged with its exit
 code. A child that exits before it was ready failed to start; when one slot fails to start
 ``max_start_failures`` times in a row, the launch stops every child and exits 1 — at once, and with
 2, when the child refused the config (what only a child checks, such as the secrets of the
 ``workers`` role). A child the parent cannot start again (no process, no pipe, no interpreter)
-counts as a failed start too; should the parent itself fail, it still stops every child gracefully
+counts as a failed start too, and so does a child not ready within ``start_timeout_seconds``
+(it is killed); should the parent itself fail, it still stops every child gracefully
 before it kills what is left. SIGTERM or SIGINT is passed on to every child (a second one too, even
 when both came together: the children stop at once); the parent waits ``shutdown_grace_seconds``
 plus a margin, kills what is left, and exits 0 when every child stopped by itself.
@@ -29,50 +33,37 @@ plus a margin, kills what is left, and exits 0 when every child stopped by itsel
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from notifier.ingest.metrics_access import METRICS_LISTEN_FDS_ENV
 from notifier.ingest.serve import LISTEN_FDS_ENV, Listeners, open_listeners
+from notifier.launch_child import LAUNCH_PID_ENV, READY_FD_ENV, die_with_parent
+from notifier.launch_policy import RestartPolicy as RestartPolicy  # as it always was
+from notifier.launch_policy import describe_exit
 from notifier.metrics import MULTIPROC_DIR_ENV
+from notifier.metrics_dirs import metrics_directory
 
 log = logging.getLogger("notifier.launch")
 
-READY_FD_ENV = "NOTIFIER_READY_FD"
 EXIT_USAGE = 2  # a child's exit code for a config it refuses (as notifier.cli)
 # What the parent waits for beyond the grace period: a child's own bound (grace + 1 s) plus
 # closing its pools and connections.
 SHUTDOWN_MARGIN_SECONDS = 5.0
 # Between two SIGTERMs to a child: two sent closer together may reach it as one.
 SIGNAL_GAP_SECONDS = 0.2
-_PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When to start a child again. Pure: the supervisor asks, this answers."""
-
-    base_seconds: float = 0.5
-    max_seconds: float = 30.0
-    # A child that ran this long before it exited starts its backoff from the beginning.
-    healthy_after_seconds: float = 60.0
-    max_start_failures: int = 3
-
-    def delay(self, failures_in_a_row: int) -> float:
-        """Seconds to wait before the start after the ``failures_in_a_row``-th exit (≥ 1)."""
-        return min(self.base_seconds * 2.0 ** (failures_in_a_row - 1), self.max_seconds)
+START_TIMEOUT_SECONDS = 60.0  # service.start_timeout_seconds
+DEFAULT_POLICY = RestartPolicy()
 
 
 @dataclass
@@ -89,14 +80,6 @@ class Slot:
     start_due: float = 0.0  # when the next child starts (while ``proc`` is None)
 
 
-def notify_ready(environ: Mapping[str, str] = os.environ) -> None:
-    """In a child of a launch: tell the parent that every role has started."""
-    if fd := environ.get(READY_FD_ENV):
-        with contextlib.suppress(OSError):
-            os.write(int(fd), b"1")
-            os.close(int(fd))
-
-
 class Launch:
     """The parent of ``count`` children, each started with ``argv`` (plus the environment the
     launch adds); ``run()`` returns the parent's exit code."""
@@ -108,12 +91,16 @@ class Launch:
         *,
         listeners: Listeners | None,
         grace_seconds: float,
-        policy: RestartPolicy = RestartPolicy(),
+        policy: RestartPolicy = DEFAULT_POLICY,
         shutdown_margin_seconds: float = SHUTDOWN_MARGIN_SECONDS,
+        start_timeout_seconds: float = START_TIMEOUT_SECONDS,
+        metrics_listeners: Listeners | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._argv = list(argv)
         self._listeners = listeners
+        self._metrics_listeners = metrics_listeners
+        self._start_timeout = start_timeout_seconds
         self._grace_seconds = grace_seconds
         self._margin_seconds = shutdown_margin_seconds
         self._policy = policy
@@ -126,7 +113,7 @@ class Launch:
     # -- the loop --
 
     def run(self) -> int:
-        with self._signal_wakeup() as wakeup, self._metrics_directory():
+        with self._signal_wakeup() as wakeup, metrics_directory() as self._metrics_dir:
             selector = selectors.DefaultSelector()
             selector.register(wakeup, selectors.EVENT_READ)
             try:
@@ -154,6 +141,7 @@ class Launch:
             if self._signals:
                 return self._shutdown(selector)
             for slot in self._slots:
+                self._kill_if_late(slot)
                 if slot.proc is not None and slot.proc.poll() is not None:
                     if (code := self._on_exit(slot, selector)) is not None:
                         self._stop_all(selector)
@@ -190,16 +178,18 @@ class Launch:
         env = dict(os.environ)
         env[MULTIPROC_DIR_ENV] = self._metrics_dir
         env[READY_FD_ENV] = str(write_fd)
-        if self._listeners is not None:
-            listen_fds = self._listeners.filenos()
-            fds += listen_fds
-            env[LISTEN_FDS_ENV] = ",".join(map(str, listen_fds))
+        env[LAUNCH_PID_ENV] = str(os.getpid())
+        for listeners, var in ((self._listeners, LISTEN_FDS_ENV),
+                               (self._metrics_listeners, METRICS_LISTEN_FDS_ENV)):  # fmt: skip
+            if listeners is not None:
+                fds += listeners.filenos()
+                env[var] = ",".join(map(str, listeners.filenos()))
         try:
             slot.proc = subprocess.Popen(
                 self._argv, env=env, pass_fds=fds, stdin=subprocess.DEVNULL,
                 # Its own process group: a Ctrl-C in a terminal reaches the parent only, which
                 # passes it on once (a second signal would stop a child at once).
-                process_group=0, preexec_fn=_die_with_parent,
+                process_group=0, preexec_fn=die_with_parent(os.getpid()),
             )  # fmt: skip
         except BaseException:
             os.close(read_fd)
@@ -225,6 +215,18 @@ class Launch:
                 self._all_ready_logged = True
                 log.info("launch running: %d processes", len(self._slots))
 
+    def _kill_if_late(self, slot: Slot) -> None:
+        """Kill ``slot``'s child when it is not ready within the start timeout: its exit is
+        then a failed start, as any exit before it was ready."""
+        proc = slot.proc
+        if proc is None or slot.ready or self._clock() - slot.started_at < self._start_timeout:
+            return
+        if proc.poll() is None:
+            log.error("process %d (pid %d) not ready within %.1f s: killing it", slot.index,
+                      proc.pid, self._start_timeout)  # fmt: skip
+            proc.kill()
+            proc.wait()
+
     def _on_exit(self, slot: Slot, selector: selectors.BaseSelector) -> int | None:
         """Note the exit of ``slot``'s child and plan its restart; or, when it is time to give
         up, the launch's exit code."""
@@ -248,14 +250,14 @@ class Launch:
             return EXIT_USAGE
         if slot.start_failures_in_a_row >= self._policy.max_start_failures:
             log.error("process %d (pid %d) exited %s before it was ready", slot.index, pid,
-                      _describe_exit(code))  # fmt: skip
+                      describe_exit(code))  # fmt: skip
             log.error("process %d failed to start %d times in a row: stopping the launch",
                       slot.index, slot.start_failures_in_a_row)  # fmt: skip
             return 1
         delay = self._policy.delay(slot.exits_in_a_row)
         log.error(
             "process %d (pid %d) exited %s %s; starting it again in %.1f s", slot.index, pid,
-            _describe_exit(code), f"after {ran:.1f} s" if slot.ready else "before it was ready",
+            describe_exit(code), f"after {ran:.1f} s" if slot.ready else "before it was ready",
             delay,
         )  # fmt: skip
         slot.start_due = self._clock() + delay
@@ -282,10 +284,11 @@ class Launch:
         forwarded = min(len(self._signals), 1)
         self._signal_children(signal.SIGTERM)
         signalled_at = self._clock()
-        if self._listeners is not None:
+        for listeners in (self._listeners, self._metrics_listeners):
             # The children close their copies as they stop taking requests; with the parent's
             # gone too, new connections are refused, as by a single process that stops.
-            self._listeners.close()
+            if listeners is not None:
+                listeners.close()
         deadline = self._clock() + self._grace_seconds + self._margin_seconds
         clean = True
         while any(s.proc is not None for s in self._slots):
@@ -308,7 +311,7 @@ class Launch:
                     if code not in (0, -signal.SIGTERM):
                         clean = False
                         log.error("process %d (pid %d) exited %s while stopping", slot.index,
-                                  slot.proc.pid, _describe_exit(code))  # fmt: skip
+                                  slot.proc.pid, describe_exit(code))  # fmt: skip
                     self._close_ready(slot, selector)
                     slot.proc = None
         return clean
@@ -352,14 +355,6 @@ class Launch:
             os.close(read_fd)
             os.close(write_fd)
 
-    @contextlib.contextmanager
-    def _metrics_directory(self) -> Iterator[None]:
-        self._metrics_dir = tempfile.mkdtemp(prefix="notifier-metrics-")
-        try:
-            yield
-        finally:
-            shutil.rmtree(self._metrics_dir, ignore_errors=True)
-
 
 def child_argv(config_path: str | None, roles: Sequence[str]) -> list[str]:
     """How the parent starts a child: this interpreter, the same config and roles, one process."""
@@ -376,28 +371,20 @@ def launch(
     *,
     bind: str | None,
     grace_seconds: float,
+    metrics_bind: str | None = None,
+    start_timeout_seconds: float = START_TIMEOUT_SECONDS,
 ) -> int:
     """Run ``count`` processes of ``roles`` (the config already loaded and checked by the
-    caller); ``bind`` is the ingest address when a role serves it. The exit code."""
+    caller); ``bind`` is the ingest address when a role serves it, ``metrics_bind`` the
+    address of ``/metrics`` when it has one of its own. The exit code."""
     argv = child_argv(config_path, roles)
-    if bind is None:
-        log.info("launch: %d processes", count)
-        return Launch(argv, count, listeners=None, grace_seconds=grace_seconds).run()
-    with open_listeners(bind, {}) as listeners:
-        log.info("launch: %d processes, listening on %s", count, " ".join(listeners.binds))
-        return Launch(argv, count, listeners=listeners, grace_seconds=grace_seconds).run()
-
-
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM it when the parent dies (Linux)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"on signal {signal.Signals(-code).name}"
-        except ValueError:  # a real-time signal has no name
-            return f"on signal {-code}"
-    return f"with code {code}"
+    with contextlib.ExitStack() as owned:
+        listeners = owned.enter_context(open_listeners(bind, {})) if bind else None
+        metrics = owned.enter_context(open_listeners(metrics_bind, {})) if metrics_bind else None
+        where = [*(listeners.binds if listeners else []), *(metrics.binds if metrics else [])]
+        log.info("launch: %d processes%s", count,
+                 f", listening on {' '.join(where)}" if where else "")  # fmt: skip
+        return Launch(
+            argv, count, listeners=listeners, metrics_listeners=metrics,
+            grace_seconds=grace_seconds, start_timeout_seconds=start_timeout_seconds,
+        ).run()  # fmt: skip

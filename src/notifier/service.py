@@ -19,6 +19,12 @@ from notifier.config import Config
 from notifier.ingest.amqp_ingest import run_amqp_ingest
 from notifier.ingest.app import create_app
 from notifier.ingest.limits import ConnectionLimits, max_connections
+from notifier.ingest.metrics_access import (
+    METRICS_MAX_BODY_BYTES,
+    create_metrics_app,
+    metrics_endpoint,
+    open_metrics_listeners,
+)
 from notifier.ingest.serve import open_listeners, serve_ingest
 from notifier.ingest.tenants import TenantCaches, keep_tenant_caches_fresh
 from notifier.lifecycle import Stop, supervise
@@ -67,6 +73,7 @@ async def run(
     validators: Mapping[str, ChannelValidator] | None = None,
     reporter: Reporter | None = None,
     tenant_caches: TenantCaches | None = None,
+    environ: Mapping[str, str] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Run the chosen roles until SIGINT/SIGTERM (or ``stop``), then drain.
@@ -78,7 +85,8 @@ async def run(
     that also validates configs, like ``notifier.testing.RecordingAdapter``, replaces its type's
     validator too), ``validators`` the specs' validators, and ``reporter`` the Sentry reporter
     that every supervisor and worker group reports to. ``tenant_caches`` holds the ingest
-    role's tenant caches (tests pass one with another TTL).
+    role's tenant caches (tests pass one with another TTL). ``environ`` holds the variable
+    ``ingest.metrics_token_env`` names (default: this process's environment).
 
     Deliverers, which read the adapters' secrets from the environment, are built only for the
     ``workers`` role; the API validates channel configs with the specs' validators.
@@ -121,7 +129,7 @@ async def run(
                         check_broker=functools.partial(amqp.probe, config.broker.url),
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
-                        tenant_caches=caches,
+                        tenant_caches=caches, environ=environ,
                     )  # fmt: skip
                     # Bound once (a port taken fails the start), kept while the server restarts.
                     listeners = owned.enter_context(open_listeners(config.ingest.bind))
@@ -137,6 +145,20 @@ async def run(
                         limits=limits, metrics=metrics,
                     )  # fmt: skip
                     await services.start(supervised, "ingest", ingest, stop)
+                    if config.ingest.metrics_bind:
+                        # /metrics on an address of its own; the ingest port answers 404 for it.
+                        metrics_app = create_metrics_app(metrics_endpoint(app))
+                        metrics_listeners = owned.enter_context(
+                            open_metrics_listeners(config.ingest.metrics_bind)
+                        )
+                        log.info("serving /metrics on %s", " ".join(metrics_listeners.binds))
+                        serve_metrics = functools.partial(
+                            serve_ingest, metrics_app, metrics_listeners, stop,
+                            grace_seconds=grace, http2=False,
+                            max_body_bytes=METRICS_MAX_BODY_BYTES,
+                            write_timeout_seconds=config.ingest.write_timeout_seconds,
+                        )  # fmt: skip
+                        await services.start(supervised, "metrics", serve_metrics, stop)
                     if config.amqp_ingest.enabled:
                         amqp_ingest = functools.partial(
                             run_amqp_ingest, config, store, stop, metrics=metrics,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 
 import httpx
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from notifier.config import Config
+from notifier.config import Config, parse_config
 from notifier.testing import open_sink
+from tests.chaos.harness import free_port
 from tests.integration.conftest import create_tenant, make_config, poll, run_notifier
 
 N = 3
@@ -159,3 +163,78 @@ async def test_an_unreachable_broker_is_broker_up_zero(database_url: str) -> Non
     assert get(got, "notifier_broker_up") == 0
     assert not [k for k in got if k[0] == "notifier_queue_messages"]
     assert get(got, "notifier_outbox_depth") == 0  # Postgres is still read
+
+
+TOKEN = "scrape-token-0123456789abcdef"
+TOKEN_ENV = {"NOTIFIER_METRICS_TOKEN": TOKEN}
+
+
+async def raw_get(port: int, path: str, headers: list[tuple[str, str]]) -> tuple[int, bytes, bytes]:
+    """``GET path`` on a real socket, headers as given (twice the same name if so): status,
+    head and body."""
+    lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
+    request = "\r\n".join([*lines, *(f"{n}: {v}" for n, v in headers), "", ""]).encode()
+    with trio.fail_after(20):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(request)
+            answer = b""
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), head, body
+
+
+def port_of(base_url: str) -> int:
+    return int(base_url.rsplit(":", 1)[1])
+
+
+async def test_with_a_token_metrics_need_it_and_two_authorization_headers_are_refused(
+    database_url: str, broker_url: str
+) -> None:
+    config = parse_config(
+        {"database": {"url": database_url}, "broker": {"url": broker_url},
+         "ingest": {"bind": "127.0.0.1:0", "metrics_token_env": "NOTIFIER_METRICS_TOKEN"}},
+        env=TOKEN_ENV,
+    )  # fmt: skip
+    async with run_notifier(config, ("ingest",), environ=TOKEN_ENV) as running:
+        port = port_of(running.base_url)
+        status, head, body = await raw_get(port, "/metrics", [])
+        assert status == 401
+        assert re.search(rb"(?im)^www-authenticate: bearer\b", head), head
+        assert json.loads(body)["error"]["code"] == "unauthorized"
+        status, _, body = await raw_get(port, "/metrics", [("Authorization", "Bearer wrong")])
+        assert status == 401
+        assert json.loads(body)["error"]["code"] == "unauthorized"
+        status, _, body = await raw_get(port, "/metrics", [("Authorization", f"Bearer {TOKEN}")])
+        assert status == 200
+        assert b"notifier_events_ingested_total" in body
+        twice = [("Authorization", f"Bearer {TOKEN}")] * 2
+        status, _, body = await raw_get(port, "/metrics", twice)
+        assert status == 400
+        assert json.loads(body)["error"]["code"] == "invalid_authorization"
+        assert TOKEN.encode() not in body
+
+
+async def test_a_metrics_bind_serves_metrics_and_the_ingest_port_answers_404(
+    database_url: str, broker_url: str
+) -> None:
+    metrics_port = free_port()
+    config = make_config(
+        database_url, broker_url, ingest={"metrics_bind": f"127.0.0.1:{metrics_port}"}
+    )
+    async with run_notifier(config, ("ingest",)) as running:
+        ingest_port = port_of(running.base_url)
+        status, _, body = await raw_get(ingest_port, "/metrics", [])
+        assert status == 404
+        assert json.loads(body)["error"]["code"] == "not_found"
+        assert (await raw_get(ingest_port, "/healthz", []))[0] == 200  # the rest as before
+        status, head, body = await raw_get(metrics_port, "/metrics", [])
+        assert status == 200
+        assert b"text/plain; version=0.0.4" in head
+        assert b"notifier_outbox_depth" in body
+        status, _, body = await raw_get(metrics_port, "/v1/events", [])
+        assert status == 404  # the metrics address serves /metrics only
+    # stopped with the service: nothing listens there any more
+    with pytest.raises(OSError, match="connect"):
+        await trio.open_tcp_stream("127.0.0.1", metrics_port)

@@ -20,7 +20,8 @@ from notifier import cli
 from notifier.config import available_cores, cpu_quota_cores, parse_config
 from notifier.errors import ConfigError
 from notifier.ingest.serve import LISTEN_FDS_ENV, adopt_listeners, open_listeners
-from notifier.launch import READY_FD_ENV, Launch, RestartPolicy, child_argv, notify_ready
+from notifier.launch import Launch, RestartPolicy, child_argv
+from notifier.launch_child import READY_FD_ENV, notify_ready
 
 
 @pytest.mark.parametrize("value", [0, -1, "x", 1.5, True, ""])

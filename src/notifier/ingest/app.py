@@ -7,13 +7,14 @@ Nothing here starts background work: a request writes its rows and returns.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 from quart_trio import QuartTrio
 
 from notifier.adapters.base import ChannelValidator
-from notifier.config import Config
+from notifier.config import Config, metrics_token
 from notifier.console import install_console
 from notifier.ingest.api import channels, deliveries, docs, events, health, operations
 from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
@@ -21,6 +22,7 @@ from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.events import max_attempts_by_type, store_each
 from notifier.ingest.groupcommit import GroupCommit
+from notifier.ingest.metrics_access import MetricsEndpoint, install_metrics
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.tenants import TenantCaches
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
@@ -43,6 +45,7 @@ def create_app(
     metrics: Metrics | None = None,
     read_queue_depths: ReadQueueDepths | None = None,
     tenant_caches: TenantCaches | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> QuartTrio:
     """Build the app. ``validators`` check channel configs, by channel type (the enabled types:
     ``specs.build_validators``). ``check_broker`` raises when RabbitMQ is unreachable (for
@@ -50,11 +53,16 @@ def create_app(
     the broker's queue depths read with ``read_queue_depths`` (left out without it). The app's
     cache of tenants by API key is one of ``tenant_caches`` (the process's, which
     ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
-    own: its entries then live their TTL)."""
+    own: its entries then live their TTL). ``environ`` holds the variable that
+    ``ingest.metrics_token_env`` names (default: this process's environment)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
     max_attempts = max_attempts_by_type(config)
+    scrape = ScrapeReader(
+        meters, store.metrics_snapshot,
+        broker_queues(config.workers.enabled(), config.retry.tiers_seconds), read_queue_depths,
+    )  # fmt: skip
     install(app, ApiContext(
         store=store, config=config, validators=validators, max_attempts=max_attempts,
         tenants=tenants_by_key_hash(store, tenant_caches or TenantCaches()),
@@ -64,10 +72,7 @@ def create_app(
         ),
         rate_limiter=rate_limiter(config), metrics=meters,
         ingested=meters.events_ingested.labels(source="http"),
-        scrape=ScrapeReader(
-            meters, store.metrics_snapshot,
-            broker_queues(config.workers.enabled(), config.retry.tiers_seconds), read_queue_depths,
-        ),
+        scrape=scrape,
         check_broker=check_broker,
         openapi=msgspec.json.encode(build_openapi(
             channel_types=validators, max_body_bytes=config.ingest.max_body_bytes,
@@ -79,4 +84,9 @@ def create_app(
     for group in ROUTE_GROUPS:
         app.register_blueprint(group.routes)
     install_console(app, config)
+    install_metrics(app, MetricsEndpoint(
+        metrics=meters, scrape=scrape,
+        token=metrics_token(config.ingest, os.environ if environ is None else environ),
+        served_here=not config.ingest.metrics_bind,
+    ))  # fmt: skip
     return app

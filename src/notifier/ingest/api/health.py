@@ -1,5 +1,5 @@
-"""The routes without an API key: liveness, readiness, Prometheus metrics and the OpenAPI
-document. Keep the port internal."""
+"""The routes without an API key: liveness, readiness and the OpenAPI document (``/metrics``:
+``notifier.ingest.metrics_access``). Keep the port internal."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import json_response
 from notifier.ingest.readiness import CHECK_SECONDS, Check, run_checks
 from notifier.ingest.views import Health, Readiness, SchemaReport
-from notifier.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from notifier.store.versions import SchemaNotCurrent, SchemaState
 
 routes = Blueprint("health", __name__)
@@ -57,10 +56,3 @@ async def readyz() -> Response:
 @routes.get("/openapi.json")
 async def openapi_document() -> Response:
     return Response(api_context().openapi, content_type="application/json")
-
-
-@routes.get("/metrics")
-async def prometheus_metrics() -> Response:
-    ctx = api_context()
-    await ctx.scrape.refresh()
-    return Response(ctx.metrics.render(), content_type=METRICS_CONTENT_TYPE)
