@@ -160,10 +160,16 @@ class IngestConfig(_Section, frozen=True):
     rate_limit_burst: Positive = 200
     # HTTP/2 cleartext (prior knowledge or `Upgrade: h2c`); off, every connection is HTTP/1.1.
     http2: bool = False
+    # Requests refused for their API key (401) per client address (an IPv6 client by its /64),
+    # per second over a token bucket of `unauthorized_burst`; over it, 429. 0 = no limit.
+    unauthorized_per_address_per_second: NonNegativeFloat = 10.0
+    unauthorized_burst: Positive = 100
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
             raise key_error("bind", f"must be HOST:PORT, got {self.bind!r}")
+        if not math.isfinite(self.unauthorized_per_address_per_second):
+            raise key_error("unauthorized_per_address_per_second", "must be a finite number")
         if self.rate_limit_per_second == 0:
             return
         if self.rate_limit_per_second < MIN_RATE_PER_SECOND:
