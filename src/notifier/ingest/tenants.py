@@ -100,6 +100,11 @@ class TenantCache:
         entry = self._known.get(key)
         return entry[0] if entry and entry[1] > trio.current_time() else None
 
+    def was_valid(self, key: str) -> bool:
+        """Whether ``key`` found a tenant at its latest lookup, its entry expired or not, and no
+        change forgot it since (no lookup): a key someone really holds, not one made up."""
+        return key in self._known
+
     async def resolve(self, keys: Iterable[str]) -> dict[str, uuid.UUID]:
         """The tenant id of each of ``keys`` that has one."""
         found: dict[str, uuid.UUID] = {}
@@ -150,6 +155,9 @@ class TenantCache:
                     del self._pending[key]
             pending.done.set()
         looked_up = pending.answer
+        for key in keys:
+            if key not in looked_up:
+                self._known.pop(key, None)  # expired, and now gone
         if forgotten == self._forgotten:
             for key, tenant_id in looked_up.items():
                 self._known[key] = (tenant_id, now + self._ttl)
