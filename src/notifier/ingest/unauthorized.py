@@ -2,8 +2,9 @@
 per key, so each address (an IPv6 client by its /64, which one host or customer usually holds
 whole) may have at most ``burst`` requests refused for their key at once, then ``rate`` a
 second. A request takes a token before its key is looked up and gives it back when the key
-turns out valid, so a tenant's requests never spend the limit; one whose key is already cached
-as valid takes none. Over the limit the key is not looked up at all: 429.
+turns out valid, so a tenant's requests never spend the limit; one whose key is cached as
+valid, or was valid at its latest lookup, takes none (``api.auth``), so a tenant behind the
+address of a flood is not refused with it. Over the limit the key is not looked up at all: 429.
 
 Kept in the process (not in the store: each ingest process limits on its own, so a fleet of N
 admits N times the rate), in a table of at most ``max_addresses`` addresses, the least recently
