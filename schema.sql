@@ -13,19 +13,24 @@ CREATE TABLE IF NOT EXISTS tenants (
 -- no channel (migrations/0002).
 ALTER TABLE tenants ADD COLUMN IF NOT EXISTS enabled boolean NOT NULL DEFAULT true;
 
--- Every change to a tenant (a key rotated, disabled or enabled, renamed, deleted), by any tool,
--- is NOTIFYed on `notifier_tenants` with the tenant's id, in the transaction that makes it:
--- each ingest process LISTENs there and forgets that tenant's cached key at once
--- (notifier.ingest.tenants; migrations/0003).
+-- Every change to a tenant (created, a key rotated, disabled or enabled, renamed, deleted), by
+-- any tool, is NOTIFYed on `notifier_tenants` with the tenant's id, in the transaction that
+-- makes it: each ingest process LISTENs there and forgets that tenant's cached key at once, and
+-- the keys it remembered as matching no tenant (notifier.ingest.tenants; migrations/0003, the
+-- new tenant since migrations/0006).
 CREATE OR REPLACE FUNCTION notifier_tenant_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('notifier_tenants', OLD.id::text);
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pg_notify('notifier_tenants', NEW.id::text);
+    ELSE
+        PERFORM pg_notify('notifier_tenants', OLD.id::text);
+    END IF;
     RETURN NULL;
 END;
 $$;
 DROP TRIGGER IF EXISTS tenants_notify ON tenants;
-CREATE TRIGGER tenants_notify AFTER UPDATE OR DELETE ON tenants
+CREATE TRIGGER tenants_notify AFTER INSERT OR UPDATE OR DELETE ON tenants
     FOR EACH ROW EXECUTE FUNCTION notifier_tenant_changed();
 
 CREATE TABLE IF NOT EXISTS channels (

@@ -175,6 +175,10 @@ class IngestConfig(_Section, frozen=True):
     # the ingest port. Unset: no token, /metrics on the ingest port.
     metrics_token_env: str = ""
     metrics_bind: str = ""
+    # Requests refused for their API key (401) per client address (an IPv6 client by its /64),
+    # per second over a token bucket of `unauthorized_burst`; over it, 429. 0 = no limit.
+    unauthorized_per_address_per_second: NonNegativeFloat = 10.0
+    unauthorized_burst: Positive = 100
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.write_timeout_seconds):
@@ -187,6 +191,8 @@ class IngestConfig(_Section, frozen=True):
             raise key_error("metrics_bind", f"must be HOST:PORT, got {self.metrics_bind!r}")
         if self.metrics_bind and self.metrics_bind == self.bind:
             raise key_error("metrics_bind", "must differ from ingest.bind")
+        if not math.isfinite(self.unauthorized_per_address_per_second):
+            raise key_error("unauthorized_per_address_per_second", "must be a finite number")
         if self.rate_limit_per_second == 0:
             return
         if self.rate_limit_per_second < MIN_RATE_PER_SECOND:

@@ -202,6 +202,12 @@ class Metrics:
             "notifier_events_ingested", "Events stored (replays of an idempotency key excluded).",
             ["source"], registry=r,
         )  # fmt: skip
+        self.ingest_unauthorized = Counter(
+            "notifier_ingest_unauthorized",
+            "Requests of the HTTP API refused for their API key: `missing_key`, `unknown_key` "
+            "(401), `limited` (429: too many 401s from the client's address).",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.delivery_attempts = Counter(
             "notifier_delivery_attempts", "Delivery attempts recorded, by outcome.",
             ["channel_type", "outcome"], registry=r,

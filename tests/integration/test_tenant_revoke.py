@@ -15,7 +15,7 @@ import trio
 
 from notifier import cli
 from notifier.ingest.amqp_messages import ERROR_CODE_HEADER
-from notifier.ingest.tenants import TenantCaches
+from notifier.ingest.tenants import TenantCaches, hash_api_key
 from notifier.store.listen import TENANTS_CHANNEL
 from tests.integration.conftest import Running, make_config, poll, run_notifier, scalar, sql
 from tests.integration.test_amqp_ingest import DLQ, Message, event, ingest_config, publish, take_all
@@ -91,6 +91,29 @@ async def test_a_rotated_or_disabled_key_is_refused_at_once_by_every_ingest_proc
         # any tool's change counts: the trigger NOTIFYs, not the CLI
         await sql(database_url, "DELETE FROM tenants WHERE name = 'acme'")
         assert await refused_everywhere(fleet, new_key) < REFUSED_WITHIN
+
+
+async def test_a_key_tried_before_its_tenant_exists_is_taken_at_once_when_it_is_created(
+    database_url: str, broker_url: str
+) -> None:
+    # A key that matched no tenant is remembered as unknown for 30 s; the INSERT's NOTIFY
+    # (migrations/0006) forgets it in every process.
+    key = f"nk_test_{uuid.uuid4().hex}"
+    async with two_ingest_processes(database_url, broker_url) as fleet:
+        assert [await post(r, key) for r in fleet] == [401, 401]
+        assert [await post(r, key) for r in fleet] == [401, 401]  # remembered: no lookup
+        await sql(
+            database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, $2, $3)",
+            uuid.uuid4(), "late", hash_api_key(key),
+        )  # fmt: skip
+        started = trio.current_time()
+
+        async def taken() -> bool:
+            return [await post(r, key) for r in fleet] == [202, 202]
+
+        with trio.fail_after(REFUSED_WITHIN * 2):
+            await poll(taken, interval_seconds=0.02)
+        assert trio.current_time() - started < REFUSED_WITHIN
 
 
 async def test_a_lost_listen_is_opened_again_and_then_forgets_at_once_again(

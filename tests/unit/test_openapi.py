@@ -73,17 +73,17 @@ def test_security_and_error_answers_of_each_operation() -> None:
     assert doc["components"]["securitySchemes"]["bearer"] == {
         "type": "http", "scheme": "bearer", "description": "A tenant's API key.",
     }  # fmt: skip
-    for (method, path), op in operations(doc).items():
+    for (_method, path), op in operations(doc).items():
         statuses = {int(s) for s in op["responses"]}
         if path in PUBLIC:
             assert op["security"] == [], path
             assert 401 not in statuses, path
             continue
         assert op["security"] == [{"bearer": []}], path
-        assert {401, 503} <= statuses, path
+        # 429: an ingest over its rate, and any keyed request after too many 401s from its
+        # address (too_many_unauthorized)
+        assert {401, 429, 503} <= statuses, path
         assert (404 in statuses) == ("{" in path), path
-        ingests = method == "POST" and path.startswith("/v1/events")
-        assert (429 in statuses) == ingests, path
         body_errors = WITH_BODY.get(op["operationId"], set())
         assert body_errors <= statuses, path
         assert "requestBody" in op if body_errors else "requestBody" not in op, path

@@ -110,6 +110,11 @@ class AmqpIngest:
         self._store = store
         self._publisher = publisher
         self._stop = stop
+        # Tenant names that match no tenant are not remembered here (as the HTTP API remembers
+        # unknown keys): a publisher is one the broker authenticated, not anyone on the network,
+        # a whole batch's unknown names cost one lookup, and a refusal is final for its message
+        # (dead-lettered, not tried again by a client), so a name remembered as unknown while a
+        # NOTIFY cannot arrive would refuse the events of a tenant just created.
         self._tenants = (tenant_caches or TenantCaches()).cache(store.tenant_ids_by_names)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()

@@ -17,7 +17,13 @@ from notifier.adapters.base import ChannelValidator
 from notifier.config import Config, metrics_token
 from notifier.console import install_console
 from notifier.ingest.api import channels, deliveries, docs, events, health, operations
-from notifier.ingest.api.context import ApiContext, install, rate_limiter, tenants_by_key_hash
+from notifier.ingest.api.context import (
+    ApiContext,
+    install,
+    rate_limiter,
+    tenants_by_key_hash,
+    unauthorized_limit,
+)
 from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.events import max_attempts_by_type, store_each
@@ -70,7 +76,7 @@ def create_app(
             store_each(store, max_attempts), max_batch=config.ingest.max_batch_events,
             patience_seconds=GROUP_COMMIT_PATIENCE_SECONDS,
         ),
-        rate_limiter=rate_limiter(config), metrics=meters,
+        rate_limiter=rate_limiter(config), unauthorized=unauthorized_limit(config), metrics=meters,
         ingested=meters.events_ingested.labels(source="http"),
         scrape=scrape,
         check_broker=check_broker,

@@ -163,13 +163,14 @@ def _channel_paths(
             "createChannel", "channels", "Create a channel",
             {"201": answer("Created; `config` holds its secrets in this answer only.",
                             ChannelView, links=channel_links),
-             **error_refs(400, 401, 413, 415, 422, 503)},
+             **error_refs(400, 401, 413, 415, 422, 429, 503)},
             description="A webhook channel without `config.secret` gets a generated "
             "`whsec_…` secret.", body=create_body, example=_example_channel(types),
         ),
         "get": op(
             "listChannels", "channels", "List channels, oldest first",
-            {"200": answer("A page of channels.", ChannelPage), **error_refs(400, 401, 422, 503)},
+            {"200": answer("A page of channels.", ChannelPage),
+             **error_refs(400, 401, 422, 429, 503)},
             parameters=[
                 query("type", {"type": "string", "pattern": NO_NUL}, "Only channels of this type."),
                 query("recipient", {"type": "string", "pattern": NO_NUL},
@@ -182,12 +183,12 @@ def _channel_paths(
         "parameters": [uuid_path("channel_id", "channel")],
         "get": op(
             "getChannel", "channels", "Read a channel (never its secrets)",
-            {"200": answer("The channel.", ChannelView), **error_refs(400, 401, 404, 503)},
+            {"200": answer("The channel.", ChannelView), **error_refs(400, 401, 404, 429, 503)},
         ),
         "patch": op(
             "patchChannel", "channels", "Change any subset of a channel's fields",
             {"200": answer("The changed channel.", ChannelView),
-             **error_refs(400, 401, 404, 409, 413, 415, 422, 503)},
+             **error_refs(400, 401, 404, 409, 413, 415, 422, 429, 503)},
             description="Only the fields named change: a concurrent change of the others "
             "(another PATCH, notifier disabling the channel) is kept. A `config` without "
             "`secret` keeps the stored one; a new `secret` starts a rotation. `enabled: true` "
@@ -196,7 +197,7 @@ def _channel_paths(
         ),
         "delete": op(
             "deleteChannel", "channels", "Delete a channel (its deliveries are kept)",
-            {"204": {"description": "Deleted."}, **error_refs(400, 401, 404, 503)},
+            {"204": {"description": "Deleted."}, **error_refs(400, 401, 404, 429, 503)},
         ),
     },
     }  # fmt: skip
@@ -252,7 +253,7 @@ def _event_paths() -> dict[str, Any]:
         "get": op(
             "getEvent", "events", "Read an event with its payload and deliveries",
             {"200": answer("The event.", EventDetail, links={"ListDeliveries": deliveries}),
-             **error_refs(400, 401, 404, 503)},
+             **error_refs(400, 401, 404, 429, 503)},
         ),
     },
     }  # fmt: skip
@@ -265,7 +266,7 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
         "get": op(
             "listDeliveries", "deliveries", "List deliveries, newest first",
             {"200": answer("A page of deliveries.", DeliveryPage),
-             **error_refs(400, 401, 422, 503)},
+             **error_refs(400, 401, 422, 429, 503)},
             parameters=[
                 query("status", {"type": "string", "enum": list(DELIVERY_STATUSES)},
                        "Only deliveries in this status."),
@@ -279,7 +280,7 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
         "parameters": [uuid_path("delivery_id", "delivery")],
         "get": op(
             "getDelivery", "deliveries", "Read a delivery with its attempts",
-            {"200": answer("The delivery.", DeliveryDetail), **error_refs(400, 401, 404, 503)},
+            {"200": answer("The delivery.", DeliveryDetail), **error_refs(400, 401, 404, 429, 503)},
         ),
     },
     "/v1/deliveries/{delivery_id}/retry": {
@@ -287,7 +288,7 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
         "post": op(
             "retryDelivery", "deliveries", "Replay a DEAD or DELIVERED delivery",
             {"202": answer("Enqueued again with a fresh attempt budget.", DeliveryDetail),
-             **error_refs(400, 401, 404, 409, 413, 422, 503)},
+             **error_refs(400, 401, 404, 409, 413, 422, 429, 503)},
             description="No body, or `{}`. The replay is an entry of the delivery's history "
             "(outcome `replayed`), numbered after its last attempt; the next attempt is "
             "numbered after it, with a fresh budget of attempts counted from the replay. "
@@ -300,7 +301,7 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
         "post": op(
             "retryDeliveries", "deliveries", "Replay the finished deliveries matching a filter",
             {"202": answer("Enqueued again, oldest first.", ReplayResult),
-             **error_refs(400, 401, 413, 415, 422, 503)},
+             **error_refs(400, 401, 413, 415, 422, 429, 503)},
             description="At most `limit` deliveries a call, walked oldest first. While "
             "`more` is true, send the same request again with `cursor` set to the answer's "
             "`next_cursor`: each call goes on after the deliveries the previous one "

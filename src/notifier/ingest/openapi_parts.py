@@ -28,7 +28,9 @@ ERRORS = {
           "(`unsupported_media_type`)."),
     422: ("Unprocessable", "Valid JSON that breaks a rule (`validation_error`, "
           "`invalid_parameter`, `invalid_cursor`); the message names the field."),
-    429: ("RateLimited", "Over the API key's event rate (`rate_limited`); nothing was written. "
+    429: ("RateLimited", "Over the API key's event rate (`rate_limited`), or too many requests "
+          "with a missing or unknown API key from the client's address "
+          "(`too_many_unauthorized`: the key was not looked up); nothing was written. "
           "`Retry-After` says when to try again."),
     503: ("Unavailable", "Postgres is unreachable or did not answer in time (`unavailable`). "
           "`Retry-After` says when to try again; send a write again with the same idempotency "

@@ -1,6 +1,7 @@
 """Tenants as ingest meets them: API keys hashed the way the store keeps them, the caches of
-tenant ids that the HTTP API and the console (API key hash → id) and AMQP ingest (tenant name →
-id) keep, and ``keep_tenant_caches_fresh``, which empties them the moment a tenant changes.
+tenant ids that the HTTP API and the console (API key hash → id, unknown keys remembered too)
+and AMQP ingest (tenant name → id) keep, and ``keep_tenant_caches_fresh``, which empties them
+the moment a tenant changes.
 
 Kept free of the web framework so that the CLI can hash a new key without building the app.
 """
@@ -11,6 +12,7 @@ import hashlib
 import logging
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
@@ -33,66 +35,175 @@ log = logging.getLogger("notifier.ingest")
 TENANT_CACHE_SECONDS = 5.0
 
 
+# How long an API key that matched no tenant is remembered as unknown, and how many such keys
+# one cache remembers at most (the least recently asked for goes first). Every tenant NOTIFY
+# (a tenant created, a key rotated) forgets them all at once, so the TTL only bounds how long a
+# tenant created while nobody LISTENs (see above) may still be refused: a caller trying the same
+# wrong key again and again costs one lookup per process every 30 s, not one per request. The
+# entries are keyed by the key's SHA-256 (what the store looks up), never the key itself: about
+# 200 bytes each, some 2 MB at the bound.
+UNKNOWN_KEY_CACHE_SECONDS = 30.0
+UNKNOWN_KEY_CACHE_ENTRIES = 10_000
+
+
 def hash_api_key(api_key: str) -> str:
     """What the store keeps of an API key (and looks a tenant up by)."""
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+class _Lookup:
+    """One lookup under way, which concurrent resolves of the same keys wait for."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: dict[str, uuid.UUID] | None = None  # None: failed or cancelled
+        self.error: Exception | None = None
+
+
 class TenantCache:
     """Key (an API key's hash, a tenant name) → tenant id, from ``lookup`` (one call for all
-    the keys missing), kept ``ttl_seconds`` or until ``forget``. Keys that find no tenant are
-    not cached: the tenant may be created any time, and a caller trying keys at random fills
-    nothing.
+    the keys missing), kept ``ttl_seconds`` or until ``forget``. Concurrent resolves of a key
+    that is not cached share one lookup.
+
+    With ``remember_unknown``, a key that finds no tenant is remembered as unknown for
+    ``unknown_ttl_seconds`` (at most ``max_unknown`` keys, least recently asked for dropped
+    first), so that a caller repeating a wrong key costs no lookup; any ``forget`` forgets them
+    all (a tenant was created or its key changed: any unknown key may be its). Without it, a
+    key that finds no tenant is looked up each time.
 
     A lookup that was under way when a tenant was forgotten is answered but not cached: it may
     have read the row before the change (the notification arrives after the commit, so a lookup
-    started after it reads the new row)."""
+    started after it reads the new row). A resolve that starts after a ``forget`` never waits for
+    a lookup that started before it."""
 
     def __init__(
         self,
         lookup: Callable[[Sequence[str]], Awaitable[dict[str, uuid.UUID]]],
         ttl_seconds: float = TENANT_CACHE_SECONDS,
+        *,
+        remember_unknown: bool = False,
+        unknown_ttl_seconds: float = UNKNOWN_KEY_CACHE_SECONDS,
+        max_unknown: int = UNKNOWN_KEY_CACHE_ENTRIES,
     ) -> None:
         self._lookup = lookup
         self._ttl = ttl_seconds
         self._known: dict[str, tuple[uuid.UUID, float]] = {}
+        self._remember_unknown = remember_unknown
+        self._unknown_ttl = unknown_ttl_seconds
+        self._max_unknown = max_unknown
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # key → expiry, oldest use first
+        self._pending: dict[str, _Lookup] = {}
         self._forgotten = 0  # how many times anything was forgotten
+
+    def cached(self, key: str) -> uuid.UUID | None:
+        """The tenant id of ``key`` if it is cached (no lookup)."""
+        entry = self._known.get(key)
+        return entry[0] if entry and entry[1] > trio.current_time() else None
+
+    def was_valid(self, key: str) -> bool:
+        """Whether ``key`` found a tenant at its latest lookup, its entry expired or not, and no
+        change forgot it since (no lookup): a key someone really holds, not one made up."""
+        return key in self._known
 
     async def resolve(self, keys: Iterable[str]) -> dict[str, uuid.UUID]:
         """The tenant id of each of ``keys`` that has one."""
-        now = trio.current_time()
         found: dict[str, uuid.UUID] = {}
-        missing: list[str] = []
-        for key in set(keys):
-            cached = self._known.get(key)
-            if cached and cached[1] > now:
-                found[key] = cached[0]
-            else:
-                missing.append(key)
-        if missing:
-            forgotten = self._forgotten
-            looked_up = await self._lookup(sorted(missing))
-            if forgotten == self._forgotten:
-                for key, tenant_id in looked_up.items():
-                    self._known[key] = (tenant_id, now + self._ttl)
-            found.update(looked_up)
+        wanted = set(keys)
+        while wanted:
+            now = trio.current_time()
+            mine: list[str] = []
+            theirs: dict[_Lookup, list[str]] = {}
+            for key in wanted:
+                cached = self._known.get(key)
+                if cached and cached[1] > now:
+                    found[key] = cached[0]
+                elif not self._known_unknown(key, now):
+                    pending = self._pending.get(key)
+                    if pending is None:
+                        mine.append(key)
+                    else:
+                        theirs.setdefault(pending, []).append(key)
+            wanted = set()
+            if mine:
+                found.update(await self._look_up(mine, now))
+            for pending, shared in theirs.items():
+                await pending.done.wait()
+                if pending.error is not None:
+                    raise pending.error
+                if pending.answer is None:  # its caller was cancelled: look up again
+                    wanted.update(shared)
+                else:
+                    found.update((k, pending.answer[k]) for k in shared if k in pending.answer)
         return found
 
     async def resolve_one(self, key: str) -> uuid.UUID | None:
         return (await self.resolve([key])).get(key)
 
+    async def _look_up(self, keys: list[str], now: float) -> dict[str, uuid.UUID]:
+        pending = _Lookup()
+        for key in keys:
+            self._pending[key] = pending
+        forgotten = self._forgotten
+        try:
+            pending.answer = await self._lookup(sorted(keys))
+        except Exception as exc:
+            pending.error = exc
+            raise
+        finally:
+            for key in keys:
+                if self._pending.get(key) is pending:
+                    del self._pending[key]
+            pending.done.set()
+        looked_up = pending.answer
+        for key in keys:
+            if key not in looked_up:
+                self._known.pop(key, None)  # expired, and now gone
+        if forgotten == self._forgotten:
+            for key, tenant_id in looked_up.items():
+                self._known[key] = (tenant_id, now + self._ttl)
+            if self._remember_unknown:
+                for key in keys:
+                    if key not in looked_up:
+                        self._add_unknown(key, now + self._unknown_ttl)
+        return looked_up
+
+    def _known_unknown(self, key: str, now: float) -> bool:
+        expiry = self._unknown.get(key)
+        if expiry is None:
+            return False
+        if expiry <= now:
+            del self._unknown[key]
+            return False
+        self._unknown.move_to_end(key)
+        return True
+
+    def _add_unknown(self, key: str, expiry: float) -> None:
+        self._unknown[key] = expiry
+        self._unknown.move_to_end(key)
+        while len(self._unknown) > self._max_unknown:
+            self._unknown.popitem(last=False)
+
     def forget(self, tenant_id: uuid.UUID) -> None:
-        """Drop every entry of ``tenant_id`` (its row changed)."""
+        """Drop every entry of ``tenant_id`` (its row changed) and every unknown key."""
         self._forgotten += 1
         self._known = {k: v for k, v in self._known.items() if v[0] != tenant_id}
+        self._unknown.clear()
+        self._pending.clear()
 
     def forget_all(self) -> None:
         """Drop every entry (changes may have been missed)."""
         self._forgotten += 1
         self._known.clear()
+        self._unknown.clear()
+        self._pending.clear()
 
     def __len__(self) -> int:
         return len(self._known)
+
+    @property
+    def unknown_count(self) -> int:
+        """How many keys are remembered as unknown (expired ones included until asked for)."""
+        return len(self._unknown)
 
 
 class TenantCaches:
@@ -104,9 +215,12 @@ class TenantCaches:
         self._caches: weakref.WeakSet[TenantCache] = weakref.WeakSet()
 
     def cache(
-        self, lookup: Callable[[Sequence[str]], Awaitable[dict[str, uuid.UUID]]]
+        self,
+        lookup: Callable[[Sequence[str]], Awaitable[dict[str, uuid.UUID]]],
+        *,
+        remember_unknown: bool = False,
     ) -> TenantCache:
-        made = TenantCache(lookup, self.ttl_seconds)
+        made = TenantCache(lookup, self.ttl_seconds, remember_unknown=remember_unknown)
         self._caches.add(made)
         return made
 

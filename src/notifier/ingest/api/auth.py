@@ -1,4 +1,5 @@
-"""Authentication: a request's bearer API key → its tenant, through the app's tenant cache."""
+"""Authentication: a request's bearer API key → its tenant, through the app's tenant cache, with
+the limit of 401s per client address (``notifier.ingest.unauthorized``)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,70 @@ import uuid
 
 from quart import request
 
-from notifier.ingest.api.context import api_context
+from notifier.ingest.api.context import ApiContext, api_context
 from notifier.ingest.api.http import ApiError
 from notifier.ingest.tenants import hash_api_key
+from notifier.ingest.unauthorized import retry_after_header
 
 
 async def current_tenant() -> uuid.UUID:
-    """The tenant of the request's API key; 401 without a valid one, 400 with two."""
+    """The tenant of the request's API key; 401 without a valid one, 400 with two, 429 when its
+    address had too many 401s (its key is then not looked up)."""
     given = request.headers.getlist("Authorization")
     if len(given) > 1:
         # Which one counts would be up to whatever reads the headers first (a proxy in
         # front may pick the other): refuse rather than guess.
         raise ApiError(400, "invalid_authorization", "more than one Authorization header")
+    ctx = api_context()
     auth = given[0] if given else ""
     scheme, _, key = auth.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
+        _take_a_token(ctx)
+        _refused(ctx, "missing_key")
         raise ApiError(401, "unauthorized", "missing bearer API key")
-    tenant_id = await api_context().tenants.resolve_one(hash_api_key(key.strip()))
+    digest = hash_api_key(key.strip())
+    tenant_id = ctx.tenants.cached(digest)
+    if tenant_id is not None:  # valid a moment ago: no token, no lookup
+        return tenant_id
+    # A key that was valid at its latest lookup is looked up again without a token, so that a
+    # tenant sharing an address with a flood of made-up keys is not refused with it.
+    token = not ctx.tenants.was_valid(digest)
+    if token:
+        _take_a_token(ctx)
+    answered = False
+    try:
+        tenant_id = await ctx.tenants.resolve_one(digest)
+        answered = True
+    finally:
+        if token and not answered:  # the lookup failed (503) or was cancelled: nothing known
+            _give_back(ctx)
     if tenant_id is None:
+        _refused(ctx, "unknown_key")
         raise ApiError(401, "unauthorized", "invalid API key")
+    if token:
+        _give_back(ctx)
     return tenant_id
+
+
+def _take_a_token(ctx: ApiContext) -> None:
+    """Spend one of the address's 401s; 429 when none is left."""
+    if ctx.unauthorized is None:
+        return
+    wait = ctx.unauthorized.take(request.remote_addr)
+    if wait is not None:
+        _refused(ctx, "limited")
+        raise ApiError(
+            429, "too_many_unauthorized",
+            "too many requests with a missing or unknown API key from this address; "
+            "try again later",
+            {"Retry-After": retry_after_header(wait)},
+        )  # fmt: skip
+
+
+def _give_back(ctx: ApiContext) -> None:
+    if ctx.unauthorized is not None:
+        ctx.unauthorized.give_back(request.remote_addr)
+
+
+def _refused(ctx: ApiContext, reason: str) -> None:
+    ctx.metrics.ingest_unauthorized.labels(reason=reason).inc()

@@ -19,6 +19,7 @@ from notifier.errors import StoreError
 from notifier.ingest.events import Outcome, Pair
 from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.tenants import TenantCache, TenantCaches
+from notifier.ingest.unauthorized import UnauthorizedLimit
 from notifier.metrics import Metrics, ScrapeReader
 from notifier.store.api import ApiStore
 
@@ -35,6 +36,7 @@ class ApiContext:
     # Single events of concurrent requests, stored together (``ingest.events.store_each``).
     commit: GroupCommit[Pair, Outcome | StoreError]
     rate_limiter: IngestLimit | None  # per tenant, shared by the fleet; None: no limit
+    unauthorized: UnauthorizedLimit | None  # 401s per client address; None: no limit
     metrics: Metrics
     ingested: Counter  # events stored from the HTTP API
     scrape: ScrapeReader
@@ -44,7 +46,9 @@ class ApiContext:
 
 def tenants_by_key_hash(store: ApiStore, caches: TenantCaches) -> TenantCache:
     """The cache of tenant ids by API key hash, looked up in ``store``, one of ``caches`` (the
-    process's: forgotten when a tenant changes)."""
+    process's: forgotten when a tenant changes). It remembers the keys that match no tenant
+    (``TenantCache``: by their hash, for seconds): anyone may send any key here, and the same
+    wrong key again must not cost a query each time."""
 
     async def lookup(digests: Sequence[str]) -> dict[str, uuid.UUID]:
         found: dict[str, uuid.UUID] = {}
@@ -54,7 +58,7 @@ def tenants_by_key_hash(store: ApiStore, caches: TenantCaches) -> TenantCache:
                 found[digest] = tenant_id
         return found
 
-    return caches.cache(lookup)
+    return caches.cache(lookup, remember_unknown=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,14 @@ def rate_limiter(config: Config) -> IngestLimit | None:
     if limits.rate_limit_per_second <= 0:
         return None
     return IngestLimit(limits.rate_limit_burst, limits.rate_limit_per_second)
+
+
+def unauthorized_limit(config: Config) -> UnauthorizedLimit | None:
+    """The limit of 401s per client address, unless ``[ingest]`` turns it off."""
+    limits = config.ingest
+    if limits.unauthorized_per_address_per_second <= 0:
+        return None
+    return UnauthorizedLimit(limits.unauthorized_per_address_per_second, limits.unauthorized_burst)
 
 
 def install(app: Quart, context: ApiContext) -> None:
