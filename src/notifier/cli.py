@@ -155,6 +155,7 @@ def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
         return launch(
             args.config, roles, count, grace_seconds=config.service.shutdown_grace_seconds,
             bind=config.ingest.bind if "ingest" in roles else None,
+            session_secret_env=config.console.session_secret_env,
         )  # fmt: skip
     setup_sentry(config.sentry)
     if READY_FD_ENV in os.environ:

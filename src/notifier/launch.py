@@ -45,6 +45,7 @@ from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from notifier.console.session import share_session_secret
 from notifier.ingest.serve import LISTEN_FDS_ENV, Listeners, open_listeners
 from notifier.metrics import MULTIPROC_DIR_ENV
 
@@ -376,10 +377,13 @@ def launch(
     *,
     bind: str | None,
     grace_seconds: float,
+    session_secret_env: str = "",
 ) -> int:
     """Run ``count`` processes of ``roles`` (the config already loaded and checked by the
     caller); ``bind`` is the ingest address when a role serves it. The exit code."""
     argv = child_argv(config_path, roles)
+    if bind is not None:  # the console's: one for all processes, which inherit it
+        share_session_secret(session_secret_env, os.environ)
     if bind is None:
         log.info("launch: %d processes", count)
         return Launch(argv, count, listeners=None, grace_seconds=grace_seconds).run()

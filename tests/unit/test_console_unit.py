@@ -21,12 +21,13 @@ from notifier.adapters.specs import build_validators
 from notifier.config import parse_config
 from notifier.console.chart import line_chart, nice_max
 from notifier.console.overview import recent
-from notifier.console.session import Sessions, SignInThrottle, new_session
+from notifier.console.session import Sessions, SignInThrottle, client_address, trusted_networks
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
 from notifier.store.console import HourlyCount
 from notifier.store.rows import DestinationCircuit
 from notifier.testing.api import MemoryApiStore
+from notifier.testing.console import MemoryConsoleStore
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -144,36 +145,73 @@ async def test_repeated_failed_sign_ins_from_one_address_are_slowed_down(
     assert "try again in" in body
 
 
-def test_the_throttle_doubles_the_wait_after_the_free_attempts() -> None:
-    throttle = SignInThrottle(free=2, base_seconds=1.0, max_seconds=4.0)
-    now = 100.0
+async def test_the_throttle_doubles_the_wait_after_the_free_attempts() -> None:
+    clock = [100.0]
+    throttle = SignInThrottle(
+        MemoryConsoleStore(lambda: clock[0]), free=2, base_seconds=1.0, max_seconds=4.0,
+        forget_after_seconds=900.0,
+    )  # fmt: skip
     for expected in (0.0, 0.0, 1.0, 2.0, 4.0, 4.0):  # after 0, 1, 2, ... failures
-        assert throttle.wait_seconds("10.0.0.1", now) == expected
-        throttle.failed("10.0.0.1", now)
-    assert throttle.wait_seconds("10.0.0.1", now + 3.0) == 1.0  # counted from the last failure
-    assert throttle.wait_seconds("10.0.0.2", now) == 0.0  # per address
-    throttle.succeeded("10.0.0.1")
-    assert throttle.wait_seconds("10.0.0.1", now) == 0.0
+        assert await throttle.wait_seconds("10.0.0.1") == expected
+        await throttle.failed("10.0.0.1")
+    clock[0] += 3.0
+    assert await throttle.wait_seconds("10.0.0.1") == 1.0  # counted from the last failure
+    assert await throttle.wait_seconds("10.0.0.2") == 0.0  # per address
+    await throttle.succeeded("10.0.0.1")
+    assert await throttle.wait_seconds("10.0.0.1") == 0.0
 
 
-def test_the_throttle_keeps_a_bounded_number_of_addresses() -> None:
-    throttle = SignInThrottle(free=0, max_addresses=2)
-    for address in ("a", "b", "c"):
-        throttle.failed(address, 0.0)
-    assert throttle.wait_seconds("a", 0.0) == 0.0  # the oldest was forgotten
-    assert throttle.wait_seconds("c", 0.0) > 0
+async def test_the_throttle_forgets_an_address_after_a_quiet_while() -> None:
+    clock = [0.0]
+    throttle = SignInThrottle(MemoryConsoleStore(lambda: clock[0]), free=1)
+    await throttle.failed("a")
+    await throttle.failed("a")
+    assert await throttle.wait_seconds("a") == 2.0
+    clock[0] += 15 * 60
+    assert await throttle.wait_seconds("a") == 0.0
+    await throttle.failed("a")  # counts from one again
+    assert await throttle.wait_seconds("a") == 1.0
 
 
-def test_a_session_is_refused_when_forged_or_expired() -> None:
+def test_a_session_cookie_is_refused_when_forged_or_expired() -> None:
     sessions = Sessions("secret", max_age_seconds=60)
-    value = sessions.dump(new_session("hash"))
-    loaded = sessions.load(value)
-    assert loaded is not None
-    assert loaded.key_hash == "hash"
+    value = sessions.dump("the-id")
+    assert sessions.load(value) == "the-id"
     assert Sessions("another secret", 60).load(value) is None
     assert sessions.load(value[:-2] + "xx") is None
     assert sessions.load("garbage") is None
     assert Sessions("secret", max_age_seconds=-1).load(value) is None  # already expired
+
+
+def test_the_csrf_token_is_an_hmac_of_the_session_id() -> None:
+    sessions = Sessions("secret", max_age_seconds=60)
+    token = sessions.csrf("the-id")
+    assert sessions.csrf_ok("the-id", token)
+    assert Sessions("secret", 60).csrf_ok("the-id", token)  # another process, same secret
+    assert not Sessions("another secret", 60).csrf_ok("the-id", token)
+    assert not sessions.csrf_ok("another-id", token)
+    assert not sessions.csrf_ok(None, token)
+    assert "the-id" not in token
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "expected"),
+    [
+        ("203.0.113.9", ["198.51.100.1"], "203.0.113.9"),  # an untrusted peer: X-F-F ignored
+        ("10.0.0.2", ["198.51.100.1"], "198.51.100.1"),
+        ("10.0.0.2", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),  # the client's own: ignored
+        ("10.0.0.2", ["6.6.6.6", "198.51.100.1, 10.0.0.3"], "198.51.100.1"),  # proxies skipped
+        ("10.0.0.2", ["10.0.0.3"], "10.0.0.3"),  # all trusted: the left-most
+        ("10.0.0.2", [], "10.0.0.2"),
+        (None, [], "unknown"),
+    ],
+)
+def test_the_client_address_is_forwarded_only_by_a_trusted_proxy(
+    peer: str | None, forwarded: list[str], expected: str
+) -> None:
+    assert client_address(peer, forwarded, trusted_networks(["10.0.0.0/8"])) == expected
+    if peer is not None:
+        assert client_address(peer, forwarded, ()) == peer  # no trusted proxy at all
 
 
 async def test_a_form_posted_without_its_csrf_token_is_refused(browser: Browser) -> None:
@@ -525,4 +563,8 @@ async def test_the_overview_counts_the_tenants_deliveries_and_failing_channels(
     failing = body[body.index('id="failing"') :]
     assert "flaky" in failing
     assert "HTTP 503 &lt;i&gt;down&lt;/i&gt;" in failing
-    assert "Not read by this process" in body  # no broker here
+    queue = re.search(r'id="queue">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert queue
+    # tenant a's own: one waiting, none retrying, two dead (not tenant b's dead one)
+    assert re.findall(r'class="num">(\d+)<', queue.group(1)) == ["1", "0", "2"]
+    assert "Queue depths" not in body  # never the fleet's

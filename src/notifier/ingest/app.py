@@ -78,5 +78,5 @@ def create_app(
     install_error_handlers(app)
     for group in ROUTE_GROUPS:
         app.register_blueprint(group.routes)
-    install_console(app, config)
+    install_console(app, config, store)
     return app
