@@ -68,7 +68,6 @@ async def test_sign_out_ends_the_session_at_once(config: Config, database_url: s
         async with signed_in(running, key) as browser:
             cookie = browser.cookies[COOKIE]
             assert (await with_cookie(running, cookie)).status_code == 200
-            assert await scalar(database_url, "SELECT count(*) FROM console_sessions") == 1
             # the cookie holds a random id only: neither the key nor its hash
             assert key not in cookie
             assert hash_api_key(key) not in cookie
@@ -78,7 +77,7 @@ async def test_sign_out_ends_the_session_at_once(config: Config, database_url: s
         # The copied cookie is dead at once, on every page.
         for path in ("/console/", "/console/deliveries", "/console/channels"):
             assert sent_to_sign_in(await with_cookie(running, cookie, path)), path
-        assert await scalar(database_url, "SELECT count(*) FROM console_sessions") == 0
+        assert await scalar(database_url, "SELECT count(*) FROM console_sessions") == 0  # its row
 
 
 @pytest.mark.parametrize(

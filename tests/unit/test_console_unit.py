@@ -103,6 +103,21 @@ async def test_signing_in_with_a_key_opens_the_console_and_signing_out_closes_it
     assert (await browser.get("/console/"))[0] == 303
 
 
+async def test_a_copied_cookie_opens_nothing_once_its_session_signed_out(
+    browser: Browser,
+) -> None:
+    data = {"api_key": "key-a", "csrf": await browser.csrf()}
+    resp = await browser.client.post("/console/sign-in", form=data)
+    cookie = resp.headers["Set-Cookie"].split(";")[0]  # notifier_console=<signed id>
+    assert hash_api_key("key-a") not in cookie  # a random id only
+    replayed = {"Cookie": cookie}
+    assert (await browser.client.get("/console/", headers=replayed)).status_code == 200
+    status, _, _ = await browser.post("/console/sign-out", {}, page="/console/")
+    assert status == 303
+    resp = await browser.client.get("/console/", headers=replayed)
+    assert (resp.status_code, resp.headers["Location"]) == (303, "/console/sign-in")
+
+
 async def test_the_session_cookie_is_http_only_strict_and_never_holds_the_key(
     browser: Browser,
 ) -> None:
