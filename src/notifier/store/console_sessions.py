@@ -58,7 +58,7 @@ class ConsoleStore(Protocol):
 
 
 class ConsoleSessionQueries(Queries):
-    """``ConsoleStore`` on Postgres, and the maintenance of its tables."""
+    """``ConsoleStore`` on Postgres (its maintenance: ``MaintenanceQueries.clean_console``)."""
 
     @transaction
     async def create_console_session(
@@ -93,13 +93,3 @@ class ConsoleSessionQueries(Queries):
     @transaction
     async def signin_succeeded(self, address: str) -> None:
         await self._pool.fetch(Q["console_signin_succeeded"], address)
-
-    @transaction
-    async def clean_console(self, *, limit: int) -> int:
-        """Delete up to ``limit`` expired sessions and up to ``limit`` addresses quiet for
-        ``SIGNIN_FORGET_AFTER_SECONDS``; return how many rows in all."""
-        sessions = await self._pool.fetch(Q["console_sessions_cleanup"], limit)
-        failures = await self._pool.fetch(
-            Q["console_signin_failures_cleanup"], limit, SIGNIN_FORGET_AFTER_SECONDS
-        )
-        return len(sessions) + len(failures)
