@@ -162,6 +162,7 @@ def _run(config: Config, roles: list[str], args: argparse.Namespace) -> int:
             bind=config.ingest.bind if "ingest" in roles else None,
             metrics_bind=config.ingest.metrics_bind if "ingest" in roles else None,
             start_timeout_seconds=config.service.start_timeout_seconds,
+            session_secret_env=config.console.session_secret_env,
         )  # fmt: skip
     setup_sentry(config.sentry)
     if READY_FD_ENV in os.environ:

@@ -541,6 +541,16 @@ class ConsoleConfig(_Section, frozen=True):
     # secret per process (sessions end on restart and hold on one process only).
     session_secret_env: str = "NOTIFIER_CONSOLE_SESSION_SECRET"
     session_max_age_seconds: Annotated[int, msgspec.Meta(ge=60, le=30 * 86_400)] = 8 * 3600
+    # The reverse proxies (CIDRs) whose X-Forwarded-For is believed: the sign-in slow-down then
+    # counts the right-most forwarded address that is not one of them. Empty: the connection's.
+    trusted_proxies: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for i, cidr in enumerate(self.trusted_proxies):
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise key_error(f"trusted_proxies[{i}]", str(exc)) from exc
 
 
 class Config(_Section, frozen=True):

@@ -47,6 +47,7 @@ from types import FrameType
 from prometheus_client.multiprocess import mark_process_dead
 
 from notifier.ingest.metrics_access import METRICS_LISTEN_FDS_ENV
+from notifier.console.session import share_session_secret
 from notifier.ingest.serve import LISTEN_FDS_ENV, Listeners, open_listeners
 from notifier.launch_child import LAUNCH_PID_ENV, READY_FD_ENV, die_with_parent
 from notifier.launch_policy import RestartPolicy as RestartPolicy  # as it always was
@@ -373,11 +374,14 @@ def launch(
     grace_seconds: float,
     metrics_bind: str | None = None,
     start_timeout_seconds: float = START_TIMEOUT_SECONDS,
+    session_secret_env: str = "",
 ) -> int:
     """Run ``count`` processes of ``roles`` (the config already loaded and checked by the
     caller); ``bind`` is the ingest address when a role serves it, ``metrics_bind`` the
     address of ``/metrics`` when it has one of its own. The exit code."""
     argv = child_argv(config_path, roles)
+    if bind is not None:  # the console's: one for all processes, which inherit it
+        share_session_secret(session_secret_env, os.environ)
     with contextlib.ExitStack() as owned:
         listeners = owned.enter_context(open_listeners(bind, {})) if bind else None
         metrics = owned.enter_context(open_listeners(metrics_bind, {})) if metrics_bind else None

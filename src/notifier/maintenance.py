@@ -16,6 +16,8 @@ Every ``interval_seconds`` one pass:
   is the same), so the table holds only the keys in use.
 - **circuits**: destinations' circuits closed and unchanged for an hour are deleted (a missing
   row is a closed circuit with no failure).
+- **console**: expired console sessions are deleted, and the failed sign-ins of addresses quiet
+  for 15 minutes (they are forgotten by then).
 
 Several processes may run it at once: every statement claims its rows ``SKIP LOCKED``.
 """
@@ -52,6 +54,8 @@ class MaintenanceStore(Protocol):
 
     async def clean_circuits(self, *, limit: int) -> int: ...
 
+    async def clean_console(self, *, limit: int) -> int: ...
+
 
 class PassResult(msgspec.Struct, kw_only=True):
     """What one maintenance pass did."""
@@ -62,6 +66,7 @@ class PassResult(msgspec.Struct, kw_only=True):
     outbox_refused: int = 0
     rate_buckets_cleaned: int = 0
     circuits_cleaned: int = 0
+    console_cleaned: int = 0
 
 
 async def maintenance_pass(
@@ -123,6 +128,16 @@ async def maintenance_pass(
             break
     if result.circuits_cleaned:
         log.debug("circuits: deleted %d closed circuits", result.circuits_cleaned)
+    for _ in range(MAX_BATCHES_PER_PASS):
+        if stopping():
+            break
+        cleaned = await store.clean_console(limit=size)
+        result.console_cleaned += cleaned
+        if cleaned < size:
+            break
+    if result.console_cleaned:
+        log.debug("console: deleted %d expired sessions and forgotten sign-in failures",
+                  result.console_cleaned)  # fmt: skip
     return result
 
 

@@ -74,7 +74,8 @@ async def test_migrate_is_idempotent_and_creates_every_table(tmp_path: Path) -> 
         }
         assert tables == {
             "tenants", "channels", "events", "deliveries", "delivery_attempts", "outbox",
-            "rate_buckets", "schema_migrations", "circuits",
+            "rate_buckets", "schema_migrations", "circuits", "console_sessions",
+            "console_signin_failures",
         }  # fmt: skip
         assert "applied 0001_initial" in first.stdout
         assert "applied" not in second.stdout

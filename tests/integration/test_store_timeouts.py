@@ -115,6 +115,7 @@ MAINTENANCE = {
     "outbox hygiene": ("outbox", lambda s: s.clean_outbox(limit=10, refused_after=5)),
     "rate buckets": ("rate_buckets", lambda s: s.clean_rate_buckets(limit=10)),
     "circuits": ("circuits", lambda s: s.clean_circuits(limit=10)),
+    "console": ("console_sessions", lambda s: s.clean_console(limit=10)),
 }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import trio.testing
 
+from tests.unit.console_browser import browser  # noqa: F401  (the console's tests)
+
 
 @pytest.fixture
 def mock_clock() -> trio.testing.MockClock:

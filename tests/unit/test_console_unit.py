@@ -1,202 +1,23 @@
 """The console (``notifier.console``) through the app's test client on the in-memory store:
-sign-in and sessions, CSRF, security headers, tenant scoping, escaping, the pages and their
-forms. tests/integration/test_console.py runs it on Postgres, test_console_browser.py in
-Chromium."""
+tenant scoping, escaping, the pages and their forms (its sessions: test_console_sessions_unit.py).
+tests/integration/test_console.py runs it on Postgres, test_console_browser.py in Chromium."""
 
 from __future__ import annotations
 
-import logging
 import re
 import urllib.parse
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import pytest
-from quart import typing as quart_typing
 
-from notifier.adapters.specs import build_validators
-from notifier.config import parse_config
 from notifier.console.chart import line_chart, nice_max
 from notifier.console.overview import recent
-from notifier.console.session import Sessions, SignInThrottle, new_session
-from notifier.ingest.app import create_app
-from notifier.ingest.tenants import hash_api_key
 from notifier.store.console import HourlyCount
 from notifier.store.rows import DestinationCircuit
-from notifier.testing.api import MemoryApiStore
-
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-
-
-@dataclass
-class Browser:
-    """One browser (one cookie jar) on the console of an app with tenants ``a`` and ``b``."""
-
-    store: MemoryApiStore
-    client: quart_typing.TestClientProtocol
-    tenants: dict[str, uuid.UUID]
-
-    async def get(self, path: str) -> tuple[int, str, Any]:
-        resp = await self.client.get(path)
-        return resp.status_code, (await resp.get_data()).decode(), resp.headers
-
-    async def csrf(self, path: str = "/console/sign-in") -> str:
-        _, body, _ = await self.get(path)
-        found = CSRF.search(body)
-        assert found, body
-        return found.group(1)
-
-    async def post(
-        self, path: str, form: dict[str, str], *, csrf: str | None = "page", page: str | None = None
-    ) -> tuple[int, str, Any]:
-        """``csrf`` "page": the token of ``page`` (default: the sign-in form); None: none."""
-        data = dict(form)
-        if csrf == "page":
-            data["csrf"] = await self.csrf(page or "/console/sign-in")
-        elif csrf is not None:
-            data["csrf"] = csrf
-        resp = await self.client.post(path, form=data)
-        return resp.status_code, (await resp.get_data()).decode(), resp.headers
-
-    async def sign_in(self, key: str = "key-a") -> None:
-        status, body, headers = await self.post("/console/sign-in", {"api_key": key})
-        assert status == 303, body
-        assert headers["Location"] == "/console/"
-
-
-@pytest.fixture
-async def browser() -> Browser:
-    store = MemoryApiStore()
-    tenants = {n: await store.create_tenant(n, hash_api_key(f"key-{n}")) for n in ("a", "b")}
-    # The webhook validator as served (secrets made and rotated), checking no address: the
-    # hooks' host resolves nowhere here.
-    config = parse_config({"workers": {"webhook": {"allow_private_networks": True}}}, env={})
-    validator = build_validators(config)["webhook"]
-    app = create_app(store, config, {"webhook": validator})
-    return Browser(store, app.test_client(), tenants)
-
-
-# -- sessions -----------------------------------------------------------------------------------
-
-
-async def test_a_signed_out_browser_is_sent_to_sign_in(browser: Browser) -> None:
-    for path in ("/console/", "/console/deliveries", f"/console/events/{uuid.uuid4()}"):
-        status, _, headers = await browser.get(path)
-        assert (status, headers["Location"]) == (303, "/console/sign-in"), path
-
-
-async def test_signing_in_with_a_key_opens_the_console_and_signing_out_closes_it(
-    browser: Browser,
-) -> None:
-    await browser.sign_in()
-    status, body, _ = await browser.get("/console/")
-    assert status == 200
-    assert "key-a" not in body
-    token = CSRF.search(body)
-    assert token
-    status, _, headers = await browser.post("/console/sign-out", {}, csrf=token.group(1))
-    assert (status, headers["Location"]) == (303, "/console/sign-in")
-    assert (await browser.get("/console/"))[0] == 303
-
-
-async def test_the_session_cookie_is_http_only_strict_and_never_holds_the_key(
-    browser: Browser,
-) -> None:
-    data = {"api_key": "key-a", "csrf": await browser.csrf()}
-    resp = await browser.client.post("/console/sign-in", form=data)
-    cookie = resp.headers["Set-Cookie"]
-    assert "HttpOnly" in cookie
-    assert "SameSite=Strict" in cookie
-    assert "Secure" not in cookie  # served over plain HTTP here
-    assert "key-a" not in cookie
-    assert "key-a" not in resp.headers.get("Location", "")
-    data = {"api_key": "key-a", "csrf": await browser.csrf()}
-    behind_tls = {"X-Forwarded-Proto": "https"}  # a proxy terminating TLS in front
-    resp = await browser.client.post("/console/sign-in", form=data, headers=behind_tls)
-    assert "Secure" in resp.headers["Set-Cookie"]
-
-
-async def test_a_wrong_key_is_refused_and_shown_nowhere(
-    browser: Browser, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.DEBUG)
-    status, body, _ = await browser.post("/console/sign-in", {"api_key": "wrong-<b>key"})
-    assert status == 401
-    assert "not accepted" in body
-    assert "wrong" not in body
-    assert "gave no valid API key" in caplog.text
-    assert "wrong" not in caplog.text
-    assert (await browser.get("/console/"))[0] == 303
-    await browser.sign_in()
-    assert "key-a" not in caplog.text
-
-
-async def test_repeated_failed_sign_ins_from_one_address_are_slowed_down(
-    browser: Browser,
-) -> None:
-    for _ in range(5):
-        assert (await browser.post("/console/sign-in", {"api_key": "nope"}))[0] == 401
-    status, body, _ = await browser.post("/console/sign-in", {"api_key": "key-a"})
-    assert status == 429  # even the right key waits: the address is slowed down
-    assert "try again in" in body
-
-
-def test_the_throttle_doubles_the_wait_after_the_free_attempts() -> None:
-    throttle = SignInThrottle(free=2, base_seconds=1.0, max_seconds=4.0)
-    now = 100.0
-    for expected in (0.0, 0.0, 1.0, 2.0, 4.0, 4.0):  # after 0, 1, 2, ... failures
-        assert throttle.wait_seconds("10.0.0.1", now) == expected
-        throttle.failed("10.0.0.1", now)
-    assert throttle.wait_seconds("10.0.0.1", now + 3.0) == 1.0  # counted from the last failure
-    assert throttle.wait_seconds("10.0.0.2", now) == 0.0  # per address
-    throttle.succeeded("10.0.0.1")
-    assert throttle.wait_seconds("10.0.0.1", now) == 0.0
-
-
-def test_the_throttle_keeps_a_bounded_number_of_addresses() -> None:
-    throttle = SignInThrottle(free=0, max_addresses=2)
-    for address in ("a", "b", "c"):
-        throttle.failed(address, 0.0)
-    assert throttle.wait_seconds("a", 0.0) == 0.0  # the oldest was forgotten
-    assert throttle.wait_seconds("c", 0.0) > 0
-
-
-def test_a_session_is_refused_when_forged_or_expired() -> None:
-    sessions = Sessions("secret", max_age_seconds=60)
-    value = sessions.dump(new_session("hash"))
-    loaded = sessions.load(value)
-    assert loaded is not None
-    assert loaded.key_hash == "hash"
-    assert Sessions("another secret", 60).load(value) is None
-    assert sessions.load(value[:-2] + "xx") is None
-    assert sessions.load("garbage") is None
-    assert Sessions("secret", max_age_seconds=-1).load(value) is None  # already expired
-
-
-async def test_a_form_posted_without_its_csrf_token_is_refused(browser: Browser) -> None:
-    assert (await browser.post("/console/sign-in", {"api_key": "key-a"}, csrf=None))[0] == 403
-    assert (await browser.post("/console/sign-in", {"api_key": "key-a"}, csrf="forged"))[0] == 403
-    await browser.sign_in()
-    status, body, _ = await browser.post("/console/sign-out", {}, csrf=None)
-    assert status == 403
-    assert "expired" in body
-    assert (await browser.get("/console/"))[0] == 200  # still signed in
-
-
-async def test_every_answer_carries_the_security_headers(browser: Browser) -> None:
-    for path in ("/console/sign-in", "/console/", "/console/nowhere"):
-        _, _, headers = await browser.get(path)
-        csp = headers["Content-Security-Policy"]
-        assert "script-src" not in csp
-        assert "default-src 'none'" in csp
-        assert "frame-ancestors 'none'" in csp
-        assert headers["X-Frame-Options"] == "DENY"
-        assert headers["Referrer-Policy"] == "no-referrer"
-        assert headers["Content-Type"].startswith("text/html")
-
+from tests.unit.console_browser import Browser
 
 # -- deliveries and events ----------------------------------------------------------------------
 
@@ -525,4 +346,8 @@ async def test_the_overview_counts_the_tenants_deliveries_and_failing_channels(
     failing = body[body.index('id="failing"') :]
     assert "flaky" in failing
     assert "HTTP 503 &lt;i&gt;down&lt;/i&gt;" in failing
-    assert "Not read by this process" in body  # no broker here
+    queue = re.search(r'id="queue">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert queue
+    # tenant a's own: one waiting, none retrying, two dead (not tenant b's dead one)
+    assert re.findall(r'class="num">(\d+)<', queue.group(1)) == ["1", "0", "2"]
+    assert "Queue depths" not in body  # never the fleet's

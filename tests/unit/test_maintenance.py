@@ -55,6 +55,11 @@ class FakeStore:
         self.calls.append(("circuits", trio.current_time()))
         return min(self.closed_circuits.pop(0) if self.closed_circuits else 0, limit)
 
+    async def clean_console(self, *, limit: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("console", trio.current_time()))
+        return 0
+
 
 def config(**fields: object) -> MaintenanceConfig:
     return MaintenanceConfig(**{"interval_seconds": 30.0, "batch_size": 10, **fields})  # type: ignore[arg-type]
@@ -70,7 +75,8 @@ async def test_a_pass_takes_batches_until_a_short_one() -> None:
     kinds = [kind for kind, _ in store.calls]
     assert kinds == (
         ["reconcile"] * 3 + ["retention"] * 2 + ["outbox"] + ["buckets"] * 4 + ["circuits"] * 2
-    )
+        + ["console"]
+    )  # fmt: skip
 
 
 async def test_a_pass_is_bounded_even_when_every_batch_is_full() -> None:

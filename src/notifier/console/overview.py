@@ -1,6 +1,7 @@
 """The console's first page: the tenant's deliveries per status over the last hour and day,
 delivered and failed per hour as a chart, the channels failing now (since when, the last error),
-the DEAD count, and the broker's queue depths per channel type."""
+the DEAD count, and its own queue: its deliveries waiting, in retry delays and dead. Never the
+fleet's figures (the broker's queues hold every tenant's messages)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from notifier.store.rows import DELIVERY_STATUSES, Channel
 
 HOURS = 24
 FAILED = frozenset({"DEAD", "RETRYING"})
+# The tenant's own queue: its deliveries waiting for a worker, in retry delays, and dead.
+QUEUE_STATUSES = ("PENDING", "RETRYING", "DEAD")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +77,12 @@ async def overview() -> Response:
     ctx = api_context()
     now = utc_now()
     day = recent(await ctx.store.hourly_counts(tenant_id, now), now)
-    dead = await ctx.store.count_deliveries(tenant_id, DeliveryFilter(status="DEAD"))
-    await ctx.scrape.refresh()  # the broker's queue depths, read at most every few seconds
-    gauges = ctx.metrics.scrape_time
-    depths: dict[str, dict[str, int]] = {}
-    for queue, depth in gauges.queue_depths:
-        kinds = depths.setdefault(queue.channel_type, {"main": 0, "retry": 0, "dead": 0})
-        kinds[queue.kind] = kinds.get(queue.kind, 0) + depth
+    queue = {
+        status: await ctx.store.count_deliveries(tenant_id, DeliveryFilter(status=status))
+        for status in QUEUE_STATUSES
+    }
     return await page(
-        "overview.html", signed_in=True, statuses=DELIVERY_STATUSES, day=day, dead=dead,
+        "overview.html", signed_in=True, statuses=DELIVERY_STATUSES, day=day, dead=queue["DEAD"],
         failing=await failing_channels(ctx.store, tenant_id),
-        chart=line_chart(day.delivered, day.failed, day.labels), depths=depths,
-        broker_up=gauges.broker_up, now=now,
+        chart=line_chart(day.delivered, day.failed, day.labels), queue=queue, now=now,
     )  # fmt: skip

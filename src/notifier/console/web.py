@@ -5,16 +5,24 @@ every answer, and the HTML answers of errors."""
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import uuid
 from typing import Any, cast
 
 from quart import Blueprint, Response, current_app, g, redirect, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from notifier.console.session import COOKIE_NAME, Session, Sessions, SignInThrottle, new_session
+from notifier.console.session import (
+    COOKIE_NAME,
+    Network,
+    Sessions,
+    SignInThrottle,
+    client_address,
+    new_session_id,
+    session_id_hash,
+)
 from notifier.errors import NotifierError
 from notifier.ingest.api.context import api_context
+from notifier.store.console_sessions import ConsoleStore
 
 _EXTENSION = "notifier.console"
 PREFIX = "/console"
@@ -41,7 +49,9 @@ SECURITY_HEADERS = {
 @dataclasses.dataclass(frozen=True)
 class ConsoleContext:
     sessions: Sessions
+    store: ConsoleStore
     throttle: SignInThrottle
+    trusted_proxies: tuple[Network, ...] = ()
 
 
 class ConsoleError(NotifierError):
@@ -65,38 +75,53 @@ def install_context(app: Any, context: ConsoleContext) -> None:
     app.extensions[_EXTENSION] = context
 
 
-def current_session() -> Session | None:
-    """The request's session (None without a valid one), or the one this request started."""
+def current_session() -> str | None:
+    """The request's session id (None without a valid cookie), or the one this request
+    started."""
     if "console_session" not in g:
         g.console_session = console_context().sessions.load(request.cookies.get(COOKIE_NAME))
-    return cast(Session | None, g.console_session)
+    return cast(str | None, g.console_session)
 
 
-def start_session(session: Session) -> None:
-    """Make ``session`` the request's; the answer sets its cookie."""
-    g.console_session = session
+def start_session(session_id: str) -> None:
+    """Make ``session_id`` the request's; the answer sets its cookie."""
+    g.console_session = session_id
     g.console_session_changed = True
 
 
 async def signed_in_tenant() -> uuid.UUID:
-    """The tenant of the session's API key, looked up as the API looks a key up (a tenant
-    deleted, or a key replaced, ends its sessions); ``NotSignedIn`` otherwise."""
-    session = current_session()
-    if session is None or session.key_hash is None:
+    """The tenant of the session: its row in the store (gone once signed out, expired, or its
+    tenant's key replaced or the tenant disabled), whose key hash is still the tenant's as the
+    API looks a key up; ``NotSignedIn`` otherwise."""
+    if "console_tenant" in g:
+        return cast(uuid.UUID, g.console_tenant)
+    session_id = current_session()
+    if session_id is None:
         raise NotSignedIn()
-    tenant_id = await api_context().tenants.resolve_one(session.key_hash)
-    if tenant_id is None:
+    signed_in = await console_context().store.console_session(session_id_hash(session_id))
+    if signed_in is None:
         raise NotSignedIn()
-    return tenant_id
+    if await api_context().tenants.resolve_one(signed_in.key_hash) != signed_in.tenant_id:
+        raise NotSignedIn()
+    g.console_tenant = signed_in.tenant_id
+    return signed_in.tenant_id
 
 
 def csrf_token() -> str:
     """The token the page's forms carry; starts an anonymous session if there is none."""
-    session = current_session()
-    if session is None:
-        session = new_session()
-        start_session(session)
-    return session.csrf
+    session_id = current_session()
+    if session_id is None:
+        session_id = new_session_id()
+        start_session(session_id)
+    return console_context().sessions.csrf(session_id)
+
+
+def signin_address() -> str:
+    """The client address the sign-in slow-down counts (``session.client_address``)."""
+    return client_address(
+        request.remote_addr, request.headers.getlist("X-Forwarded-For"),
+        console_context().trusted_proxies,
+    )  # fmt: skip
 
 
 @routes.before_request
@@ -105,9 +130,7 @@ async def check_csrf() -> None:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return
     form = await request.form
-    session = current_session()
-    sent = form.get("csrf", "")
-    if session is None or not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+    if not console_context().sessions.csrf_ok(current_session(), form.get("csrf", "")):
         raise ConsoleError(403, "This form has expired or did not come from this console. "
                                 "Go back, reload the page and try again.")  # fmt: skip
 
@@ -121,10 +144,9 @@ async def finish(response: Response) -> Response:
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
     if g.get("console_session_changed"):
-        session = g.console_session
         ctx = console_context()
         response.set_cookie(
-            COOKIE_NAME, ctx.sessions.dump(session), max_age=ctx.sessions.max_age_seconds,
+            COOKIE_NAME, ctx.sessions.dump(g.console_session), max_age=ctx.sessions.max_age_seconds,
             path=PREFIX, httponly=True, samesite="Strict", secure=over_tls(),
         )  # fmt: skip
     return response

@@ -89,7 +89,7 @@ def create_app(
     install_error_handlers(app)
     for group in ROUTE_GROUPS:
         app.register_blueprint(group.routes)
-    install_console(app, config)
+    install_console(app, config, store)
     install_metrics(app, MetricsEndpoint(
         metrics=meters, scrape=scrape,
         token=metrics_token(config.ingest, os.environ if environ is None else environ),

@@ -1,5 +1,6 @@
 """The store's queries for the maintenance loop: the reconciler, retention, outbox hygiene and
-the cleanup of idle rate-limit buckets and closed circuits.
+the cleanup of idle rate-limit buckets, closed circuits, expired console sessions and forgotten
+sign-in failures.
 They wait on nobody's request, and on a big database one batch may well take longer than a
 request may: their statements have a longer bound of their own."""
 
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from notifier.store.base import Conn, Q, transaction
+from notifier.store.console_sessions import SIGNIN_FORGET_AFTER_SECONDS
 from notifier.store.pool import CLIENT_GRACE_SECONDS, LongStatements, Queries
 
 MAINTENANCE_STATEMENT_TIMEOUT_SECONDS = 60.0
@@ -56,6 +58,18 @@ class MaintenanceQueries(Queries):
         closed circuit); return how many."""
         async with self._maintenance() as conn:
             return len(await conn.fetch(Q["circuits_cleanup"], limit))
+
+    @transaction
+    async def clean_console(self, *, limit: int) -> int:
+        """Delete up to ``limit`` expired console sessions and up to ``limit`` addresses whose
+        failed sign-ins are forgotten (quiet for ``SIGNIN_FORGET_AFTER_SECONDS``); return how
+        many rows in all."""
+        async with self._maintenance() as conn:
+            sessions = await conn.fetch(Q["console_sessions_cleanup"], limit)
+            failures = await conn.fetch(
+                Q["console_signin_failures_cleanup"], limit, SIGNIN_FORGET_AFTER_SECONDS
+            )
+        return len(sessions) + len(failures)
 
     @asynccontextmanager
     async def _maintenance(self) -> AsyncIterator[Conn]:

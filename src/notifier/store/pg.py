@@ -2,9 +2,9 @@
 asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
-``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``, ``circuits``); what
-they share (the named SQL, the one bridge crossing, the error mapping) in ``base``, the bounded
-pool in ``pool``; its errors in ``errors``.
+``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``, ``circuits``,
+``console``, ``console_sessions``); what they share (the named SQL, the one bridge crossing,
+the error mapping) in ``base``, the bounded pool in ``pool``; its errors in ``errors``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from notifier.store.attempts import AttemptQueries
 from notifier.store.channels import ChannelQueries
 from notifier.store.circuits import CircuitQueries
 from notifier.store.console import ConsoleQueries
+from notifier.store.console_sessions import ConsoleSessionQueries
 from notifier.store.deliveries import DeliveryQueries
 from notifier.store.events import EventQueries
 from notifier.store.maintenance import MaintenanceQueries
@@ -39,6 +40,7 @@ class Store(
     RateLimitQueries,
     CircuitQueries,
     ConsoleQueries,
+    ConsoleSessionQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""
 
