@@ -46,8 +46,8 @@ from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from notifier.ingest.metrics_access import METRICS_LISTEN_FDS_ENV
 from notifier.console.session import share_session_secret
+from notifier.ingest.metrics_access import METRICS_LISTEN_FDS_ENV
 from notifier.ingest.serve import LISTEN_FDS_ENV, Listeners, open_listeners
 from notifier.launch_child import LAUNCH_PID_ENV, READY_FD_ENV, die_with_parent
 from notifier.launch_policy import RestartPolicy as RestartPolicy  # as it always was
