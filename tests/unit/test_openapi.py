@@ -77,7 +77,8 @@ def test_security_and_error_answers_of_each_operation() -> None:
         statuses = {int(s) for s in op["responses"]}
         if path in PUBLIC:
             assert op["security"] == [], path
-            assert 401 not in statuses, path
+            # /metrics has a token of its own (ingest.metrics_token_env), not a tenant's key
+            assert (401 in statuses) == (path == "/metrics"), path
             continue
         assert op["security"] == [{"bearer": []}], path
         # 429: an ingest over its rate, and any keyed request after too many 401s from its
@@ -356,3 +357,13 @@ def test_an_event_links_to_its_deliveries() -> None:
         links = ops[method, path]["responses"][status]["links"]
         (link,) = [v for v in links.values() if v["operationId"] == "listDeliveries"]
         assert link["parameters"] == {"query.event_id": source}, (method, path, status)
+
+
+def test_metrics_lists_the_answers_of_its_protection() -> None:
+    responses = operations(document("webhook"))[("GET", "/metrics")]["responses"]
+    assert {"200", "400", "401", "404", "503"} == set(responses)
+    assert "WWW-Authenticate" in responses["401"]["headers"]
+    for status in ("400", "401", "404"):
+        assert responses[status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"
+        }

@@ -115,3 +115,27 @@ def error_responses() -> dict[str, Any]:
                                            "schema": {"type": "string"}}}  # fmt: skip
         responses[name] = shared
     return responses
+
+
+def metrics_refusals() -> dict[str, Any]:
+    """The answers of ``/metrics`` beside the metrics: its protection (README, *Protecting
+    /metrics*)."""
+    return {
+        "400": answer("Two `Authorization` headers (`invalid_authorization`).", ErrorBody),
+        "401": answer(
+            "`ingest.metrics_token_env` is set and the request does not carry "
+            "`Authorization: Bearer <that token>` (`unauthorized`).",
+            ErrorBody,
+            headers={
+                "WWW-Authenticate": {
+                    "description": '`Bearer realm="metrics"`',
+                    "schema": {"type": "string"},
+                }
+            },
+        ),
+        "404": answer(
+            "`ingest.metrics_bind` is set: `/metrics` is served on that address, not on the "
+            "ingest port (`not_found`).",
+            ErrorBody,
+        ),
+    }
