@@ -5,6 +5,7 @@ Framework") and cut answers short."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import struct
 from pathlib import Path
@@ -125,3 +126,79 @@ async def test_one_writer_per_connection_under_racing_closes(
     assert broken == [], f"{len(broken)} broken answers, the first: {broken[:5]}"
     # The answers that began were written whole, and most began.
     assert sum(s == [200] for s in statuses) > ROUNDS * CONNECTIONS // 8, statuses
+
+
+# hypercorn closes a kept-alive connection after this many requests (keep_alive_max_requests).
+REQUESTS_BEFORE_CLOSE = 1000
+KEPT_ALIVE_CONNECTIONS = 16
+
+
+def refused_posts(count: int) -> bytes:
+    """``count`` event posts with made-up keys, each looked up (none remembered yet)."""
+    return b"".join(
+        b"POST /v1/events HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+        + secrets.token_hex(16).encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        for _ in range(count)
+    )
+
+
+async def over_the_request_limit(port: int, counts: list[list[int]]) -> None:
+    """Request after request, each sent once the one before is answered, until the server
+    closes the connection: the request after the last one allowed arrives as it closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    statuses: list[int] = []
+    buffer = b""
+    async with stream:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    await stream.send_all(refused_posts(1))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                while b"\r\n\r\n" not in buffer or len(answers_in(buffer)) == 0:
+                    try:
+                        chunk = await stream.receive_some(65536)
+                    except trio.BrokenResourceError:
+                        chunk = b""
+                    if not chunk:
+                        counts.append(statuses + answers(buffer))
+                        return
+                    buffer += chunk
+                whole = answers_in(buffer)
+                statuses += answers(buffer[: whole[-1]])
+                buffer = buffer[whole[-1] :]
+    counts.append(statuses + answers(buffer))
+
+
+def answers_in(data: bytes) -> list[int]:
+    """Where each whole HTTP/1.1 answer at the start of ``data`` ends."""
+    ends = []
+    at = 0
+    while (head_end := data.find(b"\r\n\r\n", at)) != -1:
+        head = data[at:head_end].lower()
+        length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        if len(data) < head_end + 4 + length:
+            break
+        at = head_end + 4 + length
+        ends.append(at)
+    return ends
+
+
+async def test_the_close_after_the_last_kept_alive_request_has_one_writer(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    """The server's own close of a connection that reached its request limit, with refused
+    requests still pipelined behind it, on 16 connections at once."""
+    async with ingest_process(
+        tmp_path, database_url, broker_url, unauthorized_per_address_per_second=0
+    ) as ingest:
+        counts: list[list[int]] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(KEPT_ALIVE_CONNECTIONS):
+                nursery.start_soon(over_the_request_limit, ingest.port, counts)
+        log = ingest.log()
+    errors = [line for line in log.splitlines() if "Error" in line or "BusyResource" in line]
+    assert errors == [], errors
+    assert [len(c) for c in counts] == [REQUESTS_BEFORE_CLOSE] * KEPT_ALIVE_CONNECTIONS
+    assert {s for c in counts for s in c} == {401}
