@@ -111,9 +111,11 @@ async def client(port: int, n: int, statuses: list[list[int]], broken: list[str]
 async def test_one_writer_per_connection_under_racing_closes(
     tmp_path: Path, database_url: str, broker_url: str
 ) -> None:
+    # The refusals stay 401s (no limit on them per address: that one is tested on its own).
     async with ingest_process(
-        tmp_path, database_url, broker_url, max_body_bytes=MAX_BODY_BYTES
-    ) as ingest:
+        tmp_path, database_url, broker_url, max_body_bytes=MAX_BODY_BYTES,
+        unauthorized_per_address_per_second=0,
+    ) as ingest:  # fmt: skip
         statuses: list[list[int]] = []
         broken: list[str] = []
         for _ in range(ROUNDS):

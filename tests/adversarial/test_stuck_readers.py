@@ -98,3 +98,22 @@ async def test_a_write_that_misses_the_write_timeout_closes_its_connection(
                 assert await closed_by_server(sock)
         assert await ingest.metric("notifier_ingest_connections_open") == 1  # /metrics' own
         assert "Error in ASGI Framework" not in ingest.log()
+
+
+async def test_an_http2_answer_stalled_by_a_shut_window_closes_its_connection(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    """Clients that read every byte but never open their flow-control window: nothing is
+    written for them, so no write's deadline sees them; their connections are closed once they
+    have made no progress for write_timeout_seconds (the readers then see the end)."""
+    async with ingest_process(
+        tmp_path, database_url, broker_url, http2=True, write_timeout_seconds=1
+    ) as ingest:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as readers:  # ends when the server closed them
+                await flow_stalled(ingest.port, 2, readers)
+        assert (
+            await ingest.metric("notifier_ingest_connections_closed_total", reason="write_timeout")
+            == 2
+        )
+    assert "Error in ASGI Framework" not in ingest.log()

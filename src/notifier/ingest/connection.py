@@ -9,8 +9,11 @@
   (the read side, not the response) waits for a begun HTTP/1.1 response to end first.
 - **Bounded writes**: each write keeps hypercorn's shield (a cancelled request does not cut an
   answer in half) but has a deadline, ``ingest.write_timeout_seconds``; a write that misses it
-  closes the connection. At the end of a stop's grace every connection is closed, whatever it
-  is doing (:meth:`Server.close_all`).
+  closes the connection. An HTTP/2 connection whose answers wait on a flow-control window the
+  client keeps shut is closed alike, once it has made no progress for that long (it writes
+  nothing, so no write's deadline sees it; :meth:`Connection.close_when_due` looks). At the end
+  of a stop's grace every connection is closed, whatever it is doing
+  (:meth:`Server.close_all`).
 - **When it closes** (:meth:`Connection.close_when_due`): hypercorn closes a connection, and
   restarts its idle timer, from inside the task of the request that ends, and quart-trio
   cancels that task once its answer is sent: the close can be cut short and the idle timer may
@@ -24,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import TYPE_CHECKING, cast
 
+import h2.exceptions
 import h11
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.events import Event as HyperEvent
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -136,6 +142,8 @@ class Connection(TCPServer):
         self._closed = False
         self._changed = trio.Event()
         self._wrote = trio.Event()
+        # Since when every HTTP/2 answer with data to send has waited on a shut window.
+        self._stalled_since: float | None = None
         # The one writer: every send_all, send_eof and close of the socket holds it.
         self._writer = trio.Lock()
 
@@ -170,7 +178,9 @@ class Connection(TCPServer):
                 self.poke()
             await self.protocol.handle(Closed())
         else:
-            if isinstance(event, Updated) and event.idle != self._idle:
+            if isinstance(event, Updated):
+                # Every time, not only when idle changes: the protocol may have changed under
+                # it (HTTP/1.1 to HTTP/2), and with it how close_when_due watches.
                 self._idle = event.idle
                 self.poke()
             await super().protocol_send(event)
@@ -207,6 +217,41 @@ class Connection(TCPServer):
                 await self._socket_stream.send_eof()
             await self._socket_stream.aclose()  # closes before its checkpoint
 
+    def _stall_check_seconds(self) -> float:
+        """How often a busy connection looks for a stall: HTTP/2 only (an HTTP/1.1 answer is
+        bounded by its writes)."""
+        if isinstance(self._inner(), H2Protocol):
+            return min(1.0, self._server.write_timeout_seconds / 4)
+        return math.inf
+
+    def _stalled_too_long(self) -> bool:
+        """Every HTTP/2 stream with data to send has waited on a flow-control window of zero
+        (its own or the connection's) for ``write_timeout_seconds``, none of them sending."""
+        inner = self._inner()
+        if not isinstance(inner, H2Protocol):
+            return False
+        stalled, waiting = True, False
+        for stream_id, buffer in list(inner.stream_buffers.items()):
+            if not buffer.buffer:
+                continue
+            waiting = True
+            try:
+                window = inner.connection.local_flow_control_window(stream_id)
+            except (h2.exceptions.H2Error, KeyError):
+                continue
+            stalled = stalled and window <= 0
+        now = trio.current_time()
+        if not (waiting and stalled):
+            self._stalled_since = None
+            return False
+        if self._stalled_since is None:
+            self._stalled_since = now
+        return now - self._stalled_since >= self._server.write_timeout_seconds
+
+    def _inner(self) -> object:
+        protocol = getattr(self, "protocol", None)
+        return protocol.protocol if protocol is not None else None
+
     def _response_begun(self) -> bool:
         """An HTTP/1.1 response has started and not ended, and its task may still write it
         (hypercorn's task group of the connection is open)."""
@@ -236,7 +281,11 @@ class Connection(TCPServer):
         while not self._closing:
             changed = self._changed
             if not self._idle:
-                await changed.wait()
+                if self._stalled_too_long():
+                    self.close_now("write_timeout")
+                    break
+                with trio.move_on_after(self._stall_check_seconds()):
+                    await changed.wait()
                 continue
             if self._server.context.terminated.is_set():
                 break
