@@ -5,17 +5,20 @@ Per message, as notifier's ``--role workers`` does: consume from ``deliveries.we
 prefetch 64), decode the message (notifier's ``WorkerMessage``), look the delivery's state up
 (batched: one ``delivery_states`` statement for the lookups waiting together), skip it if it
 was already attempted, POST it signed with Standard Webhooks (notifier's own signing functions)
-over HTTP/1.1 keep-alive (``--http httpx``: one ``httpx.AsyncClient`` per worker task, on
-anyio's asyncio backend; ``--http h11``: a minimal client of h11 over asyncio streams, one
-connection per worker task), read the answer (bounded), record the
-attempt (batched: notifier's own ``attempt_record_batch`` statement, which moves the delivery and
-writes its attempt row), and only then acknowledge (``ack(multiple=True)`` up to the highest tag
-below which everything is settled).
+over HTTP/1.1 keep-alive (``--http``: httpx, a minimal h11 client or aiohttp; see
+bench/baseline_clients.py), read the answer (bounded), record the attempt (batched: notifier's
+own ``attempt_record_batch`` statement, which moves the delivery and writes its attempt row),
+and only then acknowledge (``ack(multiple=True)`` up to the highest tag below which everything
+is settled).
+
+``--loop`` picks the event loop: asyncio's default, or uvloop's. The fastest common Python
+stack for this work is ``--loop uvloop --http aiohttp``.
 
 It leaves out what notifier does beyond the happy path (retry publishing, SSRF pinning,
 timeouts per attempt, metrics, logs); the sink answers 200, so notifier takes no other path.
 
-    python bench/baseline_asyncio.py --pg DSN --amqp URL [--http httpx|h11] [--concurrency 16]
+    python bench/baseline_asyncio.py --pg DSN --amqp URL [--loop asyncio|uvloop]
+        [--http httpx|h11|aiohttp] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -26,25 +29,29 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiormq
 import asyncpg
-import h11
-import httpx
+import uvloop
 
 import notifier
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.messages import WorkerMessage, decode_message
 
+if __package__:
+    from bench.baseline_clients import ERRORS, KINDS, Client, close_clients, open_clients
+else:  # run as a script (python bench/baseline_asyncio.py): its directory is on the path
+    from baseline_clients import ERRORS, KINDS, Client, close_clients, open_clients
+
 # notifier's own statements, read from its query file: importing notifier.store would install
 # trio-asyncio's event loop policy, and this process must run on plain asyncio.
 QUERIES = Path(notifier.__file__).parent / "store" / "queries_attempts.sql"
-READ_LIMIT = 64 * 1024
 EXCERPT = 2048
+LOOPS = ("asyncio", "uvloop")
 MAX_BATCH = 256
 
 
@@ -104,66 +111,6 @@ class Acks:
                 await self._ch.basic_ack(last, multiple=True)
 
 
-class H11Client:
-    """One keep-alive HTTP/1.1 connection (h11 over asyncio streams), opened again when the
-    server closes it or an exchange fails."""
-
-    def __init__(self) -> None:
-        self._conn: h11.Connection | None = None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def post(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-        parts = urlsplit(url)  # per attempt, as an HTTP client parses the URL of each request
-        try:
-            async with asyncio.timeout(10.0):
-                return await self._exchange(
-                    parts.hostname or "", parts.port or 80, parts.netloc, parts.path or "/",
-                    headers, body,
-                )  # fmt: skip
-        except BaseException:
-            self.close()
-            raise
-
-    async def _exchange(
-        self, host: str, port: int, netloc: str, path: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, bytes]:
-        if self._conn is None or self._reader is None or self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(host, port)
-            self._conn = h11.Connection(h11.CLIENT)
-        conn, reader, writer = self._conn, self._reader, self._writer
-        fields = [("host", netloc), ("content-length", str(len(body))), *headers.items()]
-        out = conn.send(h11.Request(method="POST", target=path, headers=fields)) or b""
-        out += conn.send(h11.Data(data=body)) or b""
-        out += conn.send(h11.EndOfMessage()) or b""
-        writer.write(out)
-        await writer.drain()
-        status, data = 0, b""
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await reader.read(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                if len(data) < READ_LIMIT:
-                    data += bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionError("the server closed the connection")
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        else:
-            self.close()
-        return status, data
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._conn = self._reader = self._writer = None
-
-
 def load_queries() -> dict[str, str]:
     """The named blocks (``-- name: NAME``) of notifier's queries_attempts.sql."""
     blocks = re.split(r"^-- name: *(\S+) *$", QUERIES.read_text(), flags=re.M)
@@ -172,8 +119,8 @@ def load_queries() -> dict[str, str]:
 
 async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    if type(loop).__module__.split(".")[0] != "asyncio":
-        raise SystemExit(f"not a plain asyncio loop: {type(loop)}")
+    if loop_family(loop) != args.loop:
+        raise SystemExit(f"not {args.loop}'s loop: {type(loop)}")
     Q = load_queries()
     pool = await asyncpg.create_pool(args.pg, min_size=2, max_size=4)
     amqp = await aiormq.connect(args.amqp)
@@ -194,12 +141,7 @@ async def run(args: argparse.Namespace) -> None:
         return [bool(moved.get(r[0])) for r in recs]
 
     state_of, record_attempt = Batch(states), Batch(record)
-    # One client (one keep-alive connection) per worker task: a shared httpx client's pool
-    # scans its connections on every request, which costs more than the POST itself at 16 tasks.
-    clients: list[httpx.AsyncClient | H11Client] = [
-        H11Client() if args.http == "h11" else httpx.AsyncClient(timeout=10.0)
-        for _ in range(args.concurrency)
-    ]
+    clients = open_clients(args.http, args.concurrency)
 
     async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
         tag = message.delivery_tag
@@ -208,7 +150,7 @@ async def run(args: argparse.Namespace) -> None:
         inbox.put_nowait((tag, message.body))
 
     async def deliver(
-        client: httpx.AsyncClient | H11Client, message: WorkerMessage
+        client: Client, message: WorkerMessage
     ) -> tuple[str, int | None, str | None, str | None]:
         cfg = message.channel_config
         now = time.time()
@@ -216,24 +158,15 @@ async def run(args: argparse.Namespace) -> None:
             message, signing_secrets(cfg, now), cfg.get("headers") or {}, int(now)
         )
         try:
-            if isinstance(client, H11Client):
-                status, data = await client.post(cfg["url"], headers, body)
-            else:
-                async with client.stream("POST", cfg["url"], content=body, headers=headers) as resp:
-                    data = b""
-                    async for chunk in resp.aiter_raw():
-                        data += chunk
-                        if len(data) >= READ_LIMIT:
-                            break
-                status = resp.status_code
-        except (httpx.HTTPError, h11.ProtocolError, OSError, TimeoutError) as exc:
+            status, data = await client.post(cfg["url"], headers, body)
+        except ERRORS as exc:
             return "retry", None, repr(exc), None
         excerpt = data[:EXCERPT].decode("utf-8", "ignore") or None
         if 200 <= status < 300:
             return "delivered", status, None, excerpt
         return "retry", status, f"HTTP {status}", excerpt
 
-    async def worker(client: httpx.AsyncClient | H11Client) -> None:
+    async def worker(client: Client) -> None:
         while True:
             tag, raw = await inbox.get()
             message = decode_message(raw)
@@ -262,13 +195,19 @@ async def run(args: argparse.Namespace) -> None:
     await stop.wait()
     for t in tasks:
         t.cancel()
-    for c in clients:
-        if isinstance(c, H11Client):
-            c.close()
-        else:
-            await c.aclose()
+    await close_clients(clients)
     await amqp.close()
     await pool.close()
+
+
+def loop_family(loop: asyncio.AbstractEventLoop) -> str:
+    """``asyncio`` or ``uvloop``: the package the running loop's class comes from."""
+    return type(loop).__module__.split(".")[0]
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the loop ``--loop`` names (None: asyncio's default)."""
+    return uvloop.new_event_loop if name == "uvloop" else None
 
 
 def main() -> None:
@@ -276,10 +215,13 @@ def main() -> None:
     parser.add_argument("--pg", required=True)
     parser.add_argument("--amqp", required=True)
     parser.add_argument("--queue", default="deliveries.webhook")
-    parser.add_argument("--http", choices=("httpx", "h11"), default="httpx")
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument("--http", choices=KINDS, default="httpx")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--prefetch", type=int, default=64)
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        runner.run(run(args))
 
 
 if __name__ == "__main__":
