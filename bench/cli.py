@@ -30,6 +30,8 @@ def main() -> int:
                         help="skip the delivery stage at log level WARNING")  # fmt: skip
     parser.add_argument("--scaling", action="store_true",
                         help="only the scaling stages: 1 and 2 processes")  # fmt: skip
+    parser.add_argument("--delivery", action="store_true",
+                        help="only the delivery stages: the workers and the baselines")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
     parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",

@@ -152,10 +152,10 @@ class Harness:
 
     # -- baselines --
 
-    def baseline_asyncio(self, http: str) -> subprocess.Popen[bytes]:
+    def baseline_asyncio(self, loop: str, http: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
-                "--amqp", self.scratch.amqp_url, "--http", http]  # fmt: skip
-        self.subject = self.procs.start(f"baseline-asyncio-{http}", argv)
+                "--amqp", self.scratch.amqp_url, "--loop", loop, "--http", http]  # fmt: skip
+        self.subject = self.procs.start(f"baseline-{loop}-{http}", argv)
         return self.subject
 
     def baseline_quart(self) -> None:

@@ -17,8 +17,10 @@ GROUPS = ("server", "postgres", "pg_own", "rabbitmq", "harness")
 PAIRS = (
     ("delivery", "asyncio", "delivery (log INFO) vs asyncio + httpx"),
     ("delivery", "asyncio_h11", "delivery (log INFO) vs asyncio + h11"),
+    ("delivery", "uvloop_aiohttp", "delivery (log INFO) vs uvloop + aiohttp"),
     ("delivery_warning", "asyncio", "delivery (log WARNING) vs asyncio + httpx"),
     ("delivery_warning", "asyncio_h11", "delivery (log WARNING) vs asyncio + h11"),
+    ("delivery_warning", "uvloop_aiohttp", "delivery (log WARNING) vs uvloop + aiohttp"),
     ("ingest_single", "quart", "POST /v1/events vs bare quart-trio"),
 )
 
@@ -122,7 +124,7 @@ def memory(stages: list[Stage]) -> str:
     for s in stages:
         if "rss_peak_kib" in s.extra:
             lines.append(
-                f"  {s.extra['server']:<24} draining {s.extra['backlog']:>7}: RSS peak "
+                f"  {s.extra['server']:<26} draining {s.extra['backlog']:>7}: RSS peak "
                 f"{s.extra['rss_peak_kib'] / 1024:6.1f} MiB, at the end "
                 f"{s.extra['rss_end_kib'] / 1024:6.1f} MiB  ({s.name.strip()})"
             )
@@ -160,10 +162,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
     from matplotlib import ticker
 
     by = {s["key"]: s for s in result["stages"]}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     pairs = [
         ("delivery", "asyncio", "delivery\nvs asyncio + httpx"),
         ("delivery", "asyncio_h11", "delivery\nvs asyncio + h11"),
+        ("delivery", "uvloop_aiohttp", "delivery\nvs uvloop + aiohttp"),
         ("ingest_single", "quart", "POST /v1/events\nvs bare quart-trio"),
     ]
     labels, ours, theirs, cpu_ours, cpu_theirs = [], [], [], [], []

@@ -7,7 +7,9 @@ own; load from wrk, webhooks into an nginx sink):
   the same wrk script against a bare quart-trio app (bench/baseline_quart.py).
 - relay: a backlog in the outbox, the relay alone publishing it to RabbitMQ.
 - delivery: ``--role workers`` draining a backlog of signed webhooks into nginx; the same backlog
-  size drained by a plain asyncio process doing the same work (bench/baseline_asyncio.py).
+  size drained by a plain asyncio process doing the same work (bench/baseline_asyncio.py), on
+  asyncio's loop with httpx and with a minimal h11 client, and on uvloop with aiohttp;
+  ``--delivery`` runs only these.
 - end to end: every role in one process, wrk unpaced (the saturation rate), then paced at a
   fraction of it for the ingest→delivered latency.
 - scaling: ``--processes 1`` and ``--processes 2`` side by side, for ingest (wrk on the
@@ -31,6 +33,13 @@ from bench.harness import Harness
 from bench.procs import children, rss_kib, wait_for
 from bench.sink import Sink
 from bench.stage import Stage, percentile
+
+# the delivery baselines (bench/baseline_asyncio.py): key, --loop, --http, what the table says
+BASELINES = (
+    ("asyncio", "asyncio", "httpx", "plain asyncio, same work, httpx"),
+    ("asyncio_h11", "asyncio", "h11", "plain asyncio, same work, h11"),
+    ("uvloop_aiohttp", "uvloop", "aiohttp", "uvloop + aiohttp, same work"),
+)
 
 
 class Bench(Harness):
@@ -122,6 +131,21 @@ class Bench(Harness):
                 f"{delivered} DELIVERED, {stage.extra['signed']} signed of {count}"
             )
         return self.done(stage)
+
+    def delivery(self, levels: list[str], backlog: int) -> None:
+        """The workers at each log level, then the three asyncio baselines, each draining a
+        backlog of the same size."""
+        for level in levels:
+            key = "delivery" if level == "INFO" else "delivery_warning"
+            start = functools.partial(self.start_notifier, "workers", level, wait=False)
+            self.drain(key, f"delivery, queue → webhook (log {level})", "notifier --role workers",
+                       f"bench.delivery.{level.lower()}", backlog, start)  # fmt: skip
+            self.stop_subject()
+        for key, loop, http, what in BASELINES:
+            self.drain(key, f"  baseline: {what}", f"{loop} baseline ({http})",
+                       f"bench.delivery.{key}", backlog,
+                       functools.partial(self.baseline_asyncio, loop, http))  # fmt: skip
+            self.stop_subject()
 
     def scaling(self, seconds: float, backlog: int) -> None:
         """Ingest and delivery with 1 and with 2 processes, one after the other."""
@@ -244,6 +268,9 @@ class Bench(Harness):
         if a.scaling:
             self.scaling(secs, backlog)
             return
+        if a.delivery:
+            self.delivery(["INFO"] if quick or not a.warning_run else ["INFO", "WARNING"], backlog)
+            return
 
         # ingest
         self.start_notifier("ingest")
@@ -261,19 +288,7 @@ class Bench(Harness):
         # relay
         self.relay(2000 if quick else a.relay_rows)
 
-        # delivery
-        levels = ["INFO"] if quick or not a.warning_run else ["INFO", "WARNING"]
-        for level in levels:
-            key = "delivery" if level == "INFO" else "delivery_warning"
-            start = functools.partial(self.start_notifier, "workers", level, wait=False)
-            self.drain(key, f"delivery, queue → webhook (log {level})", "notifier --role workers",
-                       f"bench.delivery.{level.lower()}", backlog, start)  # fmt: skip
-            self.stop_subject()
-        for key, http in (("asyncio", "httpx"), ("asyncio_h11", "h11")):
-            self.drain(key, f"  baseline: plain asyncio, same work, {http}",
-                       f"asyncio baseline ({http})", f"bench.delivery.{key}", backlog,
-                       functools.partial(self.baseline_asyncio, http))  # fmt: skip
-            self.stop_subject()
+        self.delivery(["INFO"] if quick or not a.warning_run else ["INFO", "WARNING"], backlog)
 
         # end to end
         self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
