@@ -17,7 +17,7 @@ stack for this work is ``--loop uvloop --http aiohttp``.
 It leaves out what notifier does beyond the happy path (retry publishing, SSRF pinning,
 timeouts per attempt, metrics, logs); the sink answers 200, so notifier takes no other path.
 
-    python bench/baseline_asyncio.py --pg DSN --amqp URL [--loop asyncio|uvloop]
+    python -m bench.baseline_asyncio --pg DSN --amqp URL [--loop asyncio|uvloop]
         [--http httpx|h11|aiohttp] [--concurrency 16]
 """
 
@@ -39,13 +39,9 @@ import asyncpg
 import uvloop
 
 import notifier
+from bench.baseline_clients import ERRORS, KINDS, Client, close_clients, open_clients
 from notifier.adapters.webhook.signing import build_request, signing_secrets
 from notifier.messages import WorkerMessage, decode_message
-
-if __package__:
-    from bench.baseline_clients import ERRORS, KINDS, Client, close_clients, open_clients
-else:  # run as a script (python bench/baseline_asyncio.py): its directory is on the path
-    from baseline_clients import ERRORS, KINDS, Client, close_clients, open_clients
 
 # notifier's own statements, read from its query file: importing notifier.store would install
 # trio-asyncio's event loop policy, and this process must run on plain asyncio.

@@ -153,7 +153,8 @@ class Harness:
     # -- baselines --
 
     def baseline_asyncio(self, loop: str, http: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, str(HERE / "baseline_asyncio.py"), "--pg", self.scratch.db_url,
+        # a module of the bench package (as ``python -m bench`` is run: from the repository)
+        argv = [sys.executable, "-m", "bench.baseline_asyncio", "--pg", self.scratch.db_url,
                 "--amqp", self.scratch.amqp_url, "--loop", loop, "--http", http]  # fmt: skip
         self.subject = self.procs.start(f"baseline-{loop}-{http}", argv)
         return self.subject
