@@ -203,5 +203,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction delivered")
         ax.grid(True, which="both", alpha=0.3)
+    else:  # a run without the paced stage (--delivery, --scaling): no empty frame
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
