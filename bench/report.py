@@ -162,7 +162,8 @@ def chart(result: dict[str, Any], path: Path) -> None:
     from matplotlib import ticker
 
     by = {s["key"]: s for s in result["stages"]}
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    # four pairs of bars side by side: the bar panels get the width their labels need
+    fig, axes = plt.subplots(1, 3, figsize=(19, 4.5), gridspec_kw={"width_ratios": (4, 4, 3)})
     pairs = [
         ("delivery", "asyncio", "delivery\nvs asyncio + httpx"),
         ("delivery", "asyncio_h11", "delivery\nvs asyncio + h11"),
@@ -185,7 +186,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     ):
         ax.bar([i - 0.2 for i in x], mine, 0.4, label="notifier")
         ax.bar([i + 0.2 for i in x], base, 0.4, label="baseline")
-        ax.set_xticks(list(x), labels)
+        ax.set_xticks(list(x), labels, fontsize=9)
         ax.set_title(title)
         ax.legend()
     lat = result["samples"].get("paced.latency_ms") or []
