@@ -148,6 +148,6 @@ async def closed_by_server(sock: socket.socket) -> bool:
             if not sock.recv(1 << 20):
                 return True
         except BlockingIOError:
-            await trio.sleep(0.02)
+            await trio.lowlevel.wait_readable(sock)
         except ConnectionResetError:
             return True

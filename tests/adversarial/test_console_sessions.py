@@ -27,7 +27,12 @@ from tests.integration.conftest import (
     scalar,
     sql,
 )
-from tests.integration.test_processes import ingest_config, launched, owner_of_connection
+from tests.integration.test_processes import (
+    http_exchange,
+    ingest_config,
+    launched,
+    owner_of_connection,
+)
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 COOKIE = "notifier_console"
@@ -205,31 +210,14 @@ async def exchange(
     """One request on a connection of its own: status, headers (lower-case names), body, and
     the process that answered it."""
     body = "&".join(f"{k}={v}" for k, v in (form or {}).items()).encode()
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+    extra = {"Cookie": f"{COOKIE}={cookie}"} if cookie else {}
     if form is not None:
-        lines.append("Content-Type: application/x-www-form-urlencoded")
-    if cookie:
-        lines.append(f"Cookie: {COOKIE}={cookie}")
+        extra["Content-Type"] = "application/x-www-form-urlencoded"
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some()
-            assert chunk, "the server closed the connection"
-            data += chunk
-        head, rest = data.split(b"\r\n\r\n", 1)
-        status_line, *header_lines = head.decode().split("\r\n")
-        headers = {}
-        for line in header_lines:
-            name, value = line.split(":", 1)
-            headers[name.strip().lower()] = value.strip()
-        while len(rest) < int(headers.get("content-length", "0")):
-            chunk = await stream.receive_some()
-            assert chunk, "the server closed the connection"
-            rest += chunk
+        status, headers, answer = await http_exchange(stream, method, path, body, extra)
         owner = owner_of_connection(port, stream.socket.getsockname()[1], kids)
-    return int(status_line.split()[1]), headers, rest.decode(), owner
+    return status, headers, answer.decode(), owner
 
 
 def cookie_of(headers: dict[str, str]) -> str:

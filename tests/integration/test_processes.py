@@ -81,6 +81,15 @@ def owner_of_connection(server_port: int, client_port: int, pids: set[int]) -> i
 async def http(stream: trio.SocketStream, method: str, path: str, body: bytes = b"",
                headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
     """One HTTP/1.1 request on a kept-alive connection; the status and the body."""
+    status, _, answer = await http_exchange(stream, method, path, body, headers)
+    return status, answer
+
+
+async def http_exchange(stream: trio.SocketStream, method: str, path: str, body: bytes = b"",
+                        headers: dict[str, str] | None = None,
+                        ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    """One HTTP/1.1 request on a kept-alive connection; the status, the headers (lower-case
+    names) and the body."""
     lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
@@ -90,12 +99,16 @@ async def http(stream: trio.SocketStream, method: str, path: str, body: bytes = 
         assert chunk, "the server closed the connection"
         data += chunk
     head, rest = data.split(b"\r\n\r\n", 1)
-    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-    while len(rest) < length:
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    answer_headers = {}
+    for line in header_lines:
+        name, value = line.split(":", 1)
+        answer_headers[name.strip().lower()] = value.strip()
+    while len(rest) < int(answer_headers.get("content-length", "0")):
         chunk = await stream.receive_some()
         assert chunk, "the server closed the connection"
         rest += chunk
-    return int(head.split()[1]), rest
+    return int(status_line.split()[1]), answer_headers, rest
 
 
 async def get(port: int, path: str) -> tuple[int, bytes]:

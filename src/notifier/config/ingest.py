@@ -21,6 +21,9 @@ from notifier.config.base import (
 from notifier.errors import ConfigError
 from notifier.validation import key_error
 
+# An address to listen on: a host name or address ([IPv6] bracketed) and a port.
+HOST_PORT = re.compile(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}")
+
 
 class IngestConfig(Section, frozen=True):
     bind: str = "127.0.0.1:8080"
@@ -51,12 +54,9 @@ class IngestConfig(Section, frozen=True):
     def __post_init__(self) -> None:
         if not math.isfinite(self.write_timeout_seconds):
             raise key_error("write_timeout_seconds", "must be a finite number of seconds")
-        if not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.bind):
-            raise key_error("bind", f"must be HOST:PORT, got {self.bind!r}")
-        if self.metrics_bind and not re.fullmatch(
-            r"(\[[0-9a-fA-F:]+\]|[^\s:\[\]]+):\d{1,5}", self.metrics_bind
-        ):
-            raise key_error("metrics_bind", f"must be HOST:PORT, got {self.metrics_bind!r}")
+        for key, address in (("bind", self.bind), ("metrics_bind", self.metrics_bind)):
+            if (address or key == "bind") and not HOST_PORT.fullmatch(address):
+                raise key_error(key, f"must be HOST:PORT, got {address!r}")
         if self.metrics_bind and self.metrics_bind == self.bind:
             raise key_error("metrics_bind", "must differ from ingest.bind")
         if not math.isfinite(self.unauthorized_per_address_per_second):
