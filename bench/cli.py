@@ -32,6 +32,10 @@ def main() -> int:
                         help="only the scaling stages: 1 and 2 processes")  # fmt: skip
     parser.add_argument("--delivery", action="store_true",
                         help="only the delivery stages: the workers and the baselines")  # fmt: skip
+    parser.add_argument("--ingest", dest="ingest_only", action="store_true",
+                        help="only the ingest stages and the bare quart-trio baseline")  # fmt: skip
+    parser.add_argument("--e2e", action="store_true",
+                        help="only the end-to-end stages: unpaced, then paced")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="also drain 100,000 deliveries sampling the workers' RSS")  # fmt: skip
     parser.add_argument("--soak", type=int, nargs="?", const=500_000, default=0, metavar="N",

@@ -271,19 +271,14 @@ class Bench(Harness):
         if a.delivery:
             self.delivery(["INFO"] if quick or not a.warning_run else ["INFO", "WARNING"], backlog)
             return
+        if a.ingest_only:
+            self.ingest_stages(secs)
+            return
+        if a.e2e:
+            self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
+            return
 
-        # ingest
-        self.start_notifier("ingest")
-        self.ingest("ingest_single", "ingest, POST /v1/events", "notifier --role ingest",
-                    "/v1/events", 1, "bench.ingest", secs)  # fmt: skip
-        self.ingest("ingest_batch", "ingest, POST /v1/events/batch (100 each)",
-                    "notifier --role ingest", "/v1/events/batch", 100, "bench.batch",
-                    secs / 2)  # fmt: skip
-        self.stop_subject()
-        self.baseline_quart()
-        self.ingest("quart", "  baseline: quart-trio app, reads the body", "quart-trio",
-                    "/v1/events", 1, "bench.quart", secs)  # fmt: skip
-        self.stop_subject()
+        self.ingest_stages(secs)
 
         # relay
         self.relay(2000 if quick else a.relay_rows)
@@ -302,3 +297,17 @@ class Bench(Harness):
                        "bench.memory", 100_000, lambda: self.start_notifier("workers", wait=False),
                        rss_every=1.0, progress_every=10_000)  # fmt: skip
             self.stop_subject()
+
+    def ingest_stages(self, secs: float) -> None:
+        """POST /v1/events and /v1/events/batch, then the bare quart-trio app."""
+        self.start_notifier("ingest")
+        self.ingest("ingest_single", "ingest, POST /v1/events", "notifier --role ingest",
+                    "/v1/events", 1, "bench.ingest", secs)  # fmt: skip
+        self.ingest("ingest_batch", "ingest, POST /v1/events/batch (100 each)",
+                    "notifier --role ingest", "/v1/events/batch", 100, "bench.batch",
+                    secs / 2)  # fmt: skip
+        self.stop_subject()
+        self.baseline_quart()
+        self.ingest("quart", "  baseline: quart-trio app, reads the body", "quart-trio",
+                    "/v1/events", 1, "bench.quart", secs)  # fmt: skip
+        self.stop_subject()
