@@ -8,14 +8,31 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.procs import CpuGroups, Processes, alive, children, pids_named, wait_for
+from bench.procs import (
+    CpuGroups,
+    Processes,
+    Sampler,
+    Unit,
+    Usage,
+    alive,
+    children,
+    cmdline,
+    cores,
+    machine_busy,
+    pids_named,
+    postgres_role,
+    thread_usage,
+    usage,
+    wait_for,
+)
 from bench.scratch import Scratch
 from bench.sink import Sink, WrkResult, free_port, listening, start_wrk
-from bench.stage import Stage
+from bench.stage import Stage, Window
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,21 +69,67 @@ class Harness:
         self.sink: Sink | None = None
         self.subject: subprocess.Popen[bytes] | None = None  # the measured server process
         self.wrk_cpu = 0.0
+        self.wrk_pid: int | None = None  # while wrk runs
+        self.sampler: Sampler | None = None  # while a stage is measured
         self.port = free_port()
         self.stages: list[Stage] = []
         self.samples: dict[str, Any] = {}
-        beam = pids_named("beam.smp")
+        self.beam = pids_named("beam.smp")
+        self._pg_roles: dict[int, tuple[str, str]] = {}
         self.cpu = CpuGroups({
             # notifier, and with --processes the launch's processes under it
-            "server": lambda: alive([self.subject.pid, *children(self.subject.pid)])
-            if self.subject else [],
+            "server": self.server_pids,
             "postgres": lambda: pids_named("postgres"),
             "pg_own": lambda: self.scratch.backend_pids() if self.scratch.created else [],
-            "rabbitmq": lambda: beam,
-            "harness": lambda: self.sink.pids() if self.sink else [],
+            # the postmaster and its auxiliary processes (checkpointer, walwriter…): not backends
+            "pg_server": lambda: [p for p in pids_named("postgres")
+                                  if self.postgres_role(p)[0] == "server"],
+            "rabbitmq": lambda: self.beam,
+            "sink": lambda: self.sink.pids() if self.sink else [],
+            "bench": lambda: [os.getpid()],  # this process: the harness's Python, the sampler
         })  # fmt: skip
 
     # -- helpers --
+
+    def server_pids(self) -> list[int]:
+        return alive([self.subject.pid, *children(self.subject.pid)]) if self.subject else []
+
+    def postgres_role(self, pid: int) -> tuple[str, str]:
+        """What a postgres process is ("own", "other" or "server" and a name), from its title;
+        a PID's answer is kept (a backend stays on its database)."""
+        if (role := self._pg_roles.get(pid)) is None:
+            role = postgres_role(cmdline(pid), self.scratch.name if self.scratch.created else "")
+            self._pg_roles[pid] = role
+        return role
+
+    def units(self) -> dict[Unit, Usage]:
+        """The counters now of every process of the stage, by unit (the sampler's reading):
+        notifier's processes, each postgres process, RabbitMQ (and each of its threads), the
+        sink's processes, wrk (and its threads), and this process."""
+        found: list[tuple[str, str, int]] = []  # group, name, pid
+        subject = self.subject.pid if self.subject else None
+        for pid in self.server_pids():
+            what = "notifier launch (parent)" if pid == subject and children(pid) else "notifier"
+            found.append(("server", what, pid))
+        for pid in pids_named("postgres"):
+            kind, what = self.postgres_role(pid)
+            found.append(({"own": "pg_own", "other": "pg_other", "server": "pg_server"}[kind],
+                          f"postgres {what}", pid))  # fmt: skip
+        found += [("rabbitmq", "beam.smp", pid) for pid in self.beam]
+        if (sink := self.sink) is not None:
+            found += [("sink", "nginx " + ("master" if pid == sink.proc.pid else "worker"), pid)
+                      for pid in sink.pids()]  # fmt: skip
+        if self.wrk_pid is not None:
+            found.append(("wrk", "wrk", self.wrk_pid))
+        found.append(("bench", "bench", os.getpid()))
+        out: dict[Unit, Usage] = {}
+        for group, what, pid in found:
+            if (now := usage(pid)) is not None:
+                out[Unit(group, f"{what} {pid}")] = now
+            if group in ("rabbitmq", "wrk"):  # multi-threaded: a thread is what saturates
+                for thread, counters in thread_usage(pid).items():
+                    out[Unit(group, f"{what} thread {thread}", thread=True)] = counters
+        return out
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -127,7 +190,11 @@ class Harness:
             event_type=event_type, seconds=seconds, connections=connections, delay_ms=delay_ms,
         )  # fmt: skip
         # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
-        _, status, usage = os.wait4(proc.pid, 0)
+        self.wrk_pid = proc.pid
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            self.wrk_pid = None
         proc.returncode = os.waitstatus_to_exitcode(status)
         self.wrk_cpu += usage.ru_utime + usage.ru_stime
         if not out.exists():
@@ -136,15 +203,25 @@ class Harness:
 
         return wrk_result(proc, out, 5)
 
-    def measure(self) -> Callable[[], dict[str, float]]:
-        """Start measuring CPU; the returned function ends it (CPU seconds per group)."""
+    def measure(self) -> Callable[[], tuple[dict[str, float], Window]]:
+        """Start measuring CPU; the returned function ends it: CPU seconds per group, the wall
+        seconds and the machine's busy seconds in between, and each process's busy fraction
+        sampled every half second."""
         before = self.cpu.read()
         wrk0 = self.wrk_cpu
+        machine0 = machine_busy()
+        t0 = time.monotonic()
+        sampler = self.sampler = Sampler(self.units).start()
 
-        def stop() -> dict[str, float]:
+        def stop() -> tuple[dict[str, float], Window]:
+            self.sampler = None
+            tracker = sampler.stop()
             spent = CpuGroups.spent(before, self.cpu.read())
-            spent["harness"] += self.wrk_cpu - wrk0
-            return spent
+            wall = time.monotonic() - t0
+            spent["wrk"] = self.wrk_cpu - wrk0
+            spent["harness"] = spent["sink"] + spent["wrk"]  # the load generator and the sink
+            summary = tracker.summary(["server"])
+            return spent, Window(wall, machine_busy() - machine0, cores(), summary)
 
         return stop
 
@@ -169,6 +246,8 @@ class Harness:
 
     def close(self) -> None:
         try:
+            if self.sampler is not None:  # a stage failed while measured
+                self.sampler.stop()
             self.stop_subject()
         finally:
             self.procs.close()

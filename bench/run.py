@@ -18,7 +18,10 @@ own; load from wrk, webhooks into an nginx sink):
   delivering N.
 
 CPU is utime+stime from /proc for notifier (or the baseline), every postgres process, RabbitMQ
-(beam.smp), and the harness (wrk and nginx); per 1,000 items of the stage.
+(beam.smp), and the harness (wrk and nginx); per 1,000 items of the stage, and as cores busy over
+the measured window, with each process's busy fraction sampled every half second
+(bench/procs.py ``Sampler``): the scaling stages end with where the ceiling is on the machine's
+cores (bench/report.py ``scaling``).
 """
 
 from __future__ import annotations
@@ -53,11 +56,11 @@ class Bench(Harness):
         stop = self.measure()
         res = self.run_wrk(url, path=path, batch=batch, event_type=event_type,
                            seconds=seconds, connections=16)  # fmt: skip
-        cpu = stop()
+        cpu, window = stop()
         stage = Stage(
             key, name, "events", (res.requests - res.errors["status"]) * batch, res.seconds,
             p50_ms=res.p50_ms,
-            p99_ms=res.p99_ms, cpu=cpu,
+            p99_ms=res.p99_ms, cpu=cpu, window=window,
             extra={"server": server, "requests": res.requests, "errors": res.errors,
                    "p90_ms": res.p90_ms, "max_ms": res.max_ms},
         )  # fmt: skip
@@ -114,11 +117,11 @@ class Bench(Harness):
         # the last webhook's attempt is recorded and acked just after it arrived: one check
         wait_for(lambda: self.scratch.delivered(event_type)[0] >= count, 30,
                  f"{count} DELIVERED in Postgres", every=0.5)  # fmt: skip
-        cpu = stop()
+        cpu, window = stop()
         delivered, attempts = self.scratch.delivered(event_type)
         arrivals = self.sink.arrivals(base, base + count)
         stage = Stage(
-            key, name, "deliveries", count - first, last.at - t0, cpu=cpu,
+            key, name, "deliveries", count - first, last.at - t0, cpu=cpu, window=window,
             extra={
                 "server": server, "backlog": count, "delivered_in_postgres": delivered,
                 "attempt_rows": attempts, "signed": sum(a.signed for a in arrivals),
@@ -177,12 +180,13 @@ class Bench(Harness):
         seconds = time.time() - t0
         wait_for(lambda: s.value("SELECT count(*) FROM outbox") == 0, 30,
                  "the outbox to empty", every=0.5)  # fmt: skip
-        cpu = stop()
+        cpu, window = stop()
         self.stop_subject()
         s.execute("DROP TABLE bench_hold")
         s.purge()
         return self.done(Stage("relay", "relay, outbox → RabbitMQ", "messages", rows, seconds,
-                               cpu=cpu, extra={"server": "notifier --role relay"}))  # fmt: skip
+                               cpu=cpu, window=window,
+                               extra={"server": "notifier --role relay"}))  # fmt: skip
 
     def end_to_end(self, seconds: float, paced_seconds: float, fraction: float) -> None:
         s = self.scratch
@@ -201,12 +205,12 @@ class Bench(Harness):
         wait_for(lambda: self.sink is not None and self.sink.count() - base >= accepted,
                  max(120.0, accepted / 20), "end-to-end deliveries")  # fmt: skip
         last = self.sink.arrivals(base + accepted - 1, base + accepted)[0]
-        cpu = stop()
+        cpu, window = stop()
         lat = self.latencies("bench.e2e", base, accepted)
         e2e = self.done(Stage(
             "e2e", "end to end, POST → delivered (unpaced)", "events", accepted, last.at - t0,
             p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95), p99_ms=percentile(lat, 99),
-            cpu=cpu, extra={
+            cpu=cpu, window=window, extra={
                 "server": "notifier, all roles", "accepted_per_s": res.requests / res.seconds,
                 "ingest_p99_ms": res.p99_ms, "delivered_during_load": during,
                 "delivered_during_load_per_s": during / (t_load - t0),
@@ -230,14 +234,14 @@ class Bench(Harness):
         accepted = int(s.value("SELECT count(*) FROM events WHERE type = 'bench.paced'"))
         wait_for(lambda: self.sink is not None and self.sink.count() - base >= accepted,
                  120, "paced deliveries")  # fmt: skip
-        cpu = stop()
+        cpu, window = stop()
         lat = self.latencies("bench.paced", base, accepted)
         self.samples["paced.latency_ms"] = lat
         self.done(Stage(
             "paced", f"end to end, paced at {fraction:.0%} ({target:.0f}/s asked)", "events",
             accepted,
             res.seconds, p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95),
-            p99_ms=percentile(lat, 99), cpu=cpu,
+            p99_ms=percentile(lat, 99), cpu=cpu, window=window,
             extra={"server": "notifier, all roles", "target_per_s": target,
                    "ingest_p50_ms": res.p50_ms, "ingest_p99_ms": res.p99_ms,
                    "wrk_errors": res.errors},

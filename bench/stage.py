@@ -9,6 +9,18 @@ from typing import Any
 
 
 @dataclass
+class Window:
+    """The measured part of a stage: its wall seconds, the CPU seconds the whole machine was busy
+    in it (every process, also those of other users), the machine's cores, and the sampled busy
+    fractions (``procs.BusyTracker.summary``)."""
+
+    seconds: float
+    machine_cpu: float
+    cores: int
+    busy: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Stage:
     key: str
     name: str
@@ -20,6 +32,14 @@ class Stage:
     p99_ms: float | None = None
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group
     extra: dict[str, Any] = field(default_factory=dict)
+    window: Window | None = None
+
+    def cores_busy(self, group: str) -> float | None:
+        """A group's CPU seconds over the measured wall seconds: how many cores it kept busy
+        (one single-threaded process cannot pass 1.0)."""
+        if group not in self.cpu or self.window is None or self.window.seconds <= 0:
+            return None
+        return self.cpu[group] / self.window.seconds
 
     @property
     def rate(self) -> float:
@@ -34,6 +54,7 @@ class Stage:
         out = asdict(self)
         out["rate"] = self.rate
         out["cpu_per_1000"] = {g: self.per_1000(g) for g in self.cpu}
+        out["cores_busy"] = {g: self.cores_busy(g) for g in self.cpu} if self.window else {}
         return out
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from bench.baseline_asyncio import load_queries, loop_factory, loop_family
 from bench.baseline_clients import AiohttpClient, close_clients, open_clients, read_bounded
-from bench.procs import CpuGroups
-from bench.report import ratio_values, ratios
+from bench.procs import BusyTracker, CpuGroups, Unit, Usage, postgres_role
+from bench.report import ratio_values, ratios, scaling, scaling_values
 from bench.sink import read_arrivals
 from bench.soak import slope_bytes_per_delivery
-from bench.stage import Stage, percentile
+from bench.stage import Stage, Window, percentile
 
 from notifier.store.base import Q
 
@@ -141,3 +141,87 @@ def test_notifier_is_compared_with_all_three_delivery_baselines() -> None:
         pytest.approx(0.8 / 0.4)
     )
     assert "delivery (log INFO) vs uvloop + aiohttp    rate  0.25x" in ratios(stages)
+
+
+def test_busy_fractions_come_from_the_intervals_between_readings() -> None:
+    a, b = Unit("server", "notifier 1"), Unit("server", "notifier 2")
+    thread = Unit("rabbitmq", "beam.smp thread 1_scheduler/7", thread=True)
+    tracker = BusyTracker()
+    tracker.add(0.0, {a: Usage(10.0, 1.0), thread: Usage(3.0)}, machine=100.0)
+    # b first seen at 0.5 s: it counts from the next interval on
+    tracker.add(0.5, {a: Usage(10.5, 1.0), b: Usage(2.0, 0.0), thread: Usage(3.1)}, machine=101.0)
+    tracker.add(1.0, {a: Usage(10.75, 1.25), b: Usage(2.25, 0.25), thread: Usage(3.2)},
+                machine=101.5)  # fmt: skip
+    busy_a = tracker.units[a]
+    assert (busy_a.mean, busy_a.peak, busy_a.wait) == pytest.approx((0.75, 1.0, 0.25))
+    assert (tracker.units[b].mean, tracker.units[b].wall) == pytest.approx((0.5, 0.5))
+    assert tracker.units[thread].wait == 0.0  # no schedstat: no waiting counted
+    # a group's peak is its processes together, not its threads; the machine's in cores
+    assert tracker.group_peak == pytest.approx({"server": 1.0})
+    assert tracker.machine_peak == pytest.approx(2.0)
+    summary = tracker.summary(["server"])
+    assert summary["intervals"] == 2
+    assert [p["name"] for p in summary["processes"]] == ["notifier 1", "notifier 2"]
+    # the busiest of a group is the one that asked most of a core: busy and waiting together
+    assert [(x["name"], x["thread"]) for x in summary["busiest"]] == [
+        ("notifier 1", False),
+        ("beam.smp thread 1_scheduler/7", True),
+    ]
+
+
+def test_postgres_processes_are_told_apart_by_their_titles() -> None:
+    db = "notifier_bench_1_ab"
+    assert postgres_role(f"postgres: 15/main: postgres {db} 127.0.0.1(4711) idle", db) == (
+        "own",
+        "backend",
+    )
+    assert postgres_role("postgres: app other_db [local] SELECT", db)[0] == "other"
+    assert postgres_role(f"postgres: 15/main: autovacuum worker {db}", db)[0] == "own"
+    assert postgres_role("postgres: 15/main: walwriter", db) == ("server", "walwriter")
+    assert postgres_role("/usr/lib/postgresql/15/bin/postgres -D /data", db) == (
+        "server",
+        "postmaster",
+    )
+
+
+def _scaled(key: str, n: int, notifier: float, wait: float, machine: float) -> Stage:
+    """A scaling stage of 2,000 items over 4 s: ``notifier`` cores busy in notifier's
+    processes (each as busy, ``wait`` waiting), 0.25 in Postgres, ``machine`` cores busy."""
+    share = notifier / n
+    each = [{"group": "server", "name": f"notifier {i}", "thread": False,
+             "mean": share, "peak": share, "wait": wait} for i in range(n)]  # fmt: skip
+    pg = {"group": "pg_own", "name": "postgres backend 9", "thread": False,
+          "mean": 0.25, "peak": 0.3, "wait": 0.0}  # fmt: skip
+    busy = {"busiest": [each[0], pg], "processes": each}
+    return Stage(f"{key}_{n}", key, "events", 2000, 4.0,
+                 cpu={"server": 4 * notifier, "pg_own": 1.0, "pg_server": 0.0, "rabbitmq": 0.0,
+                      "sink": 0.0, "wrk": 0.4, "bench": 0.0},
+                 window=Window(4.0, 4 * machine, 2, busy))  # fmt: skip
+
+
+def test_the_scaling_statement_names_what_saturates_first() -> None:
+    stages = [
+        _scaled("scale_ingest", 1, 0.95, 0.02, 1.3),  # one process at its core
+        _scaled("scale_ingest", 2, 1.2, 0.35, 1.95),  # each asks 0.95 of a core, gets 0.6
+        _scaled("scale_delivery", 1, 0.5, 0.0, 0.8),  # nothing saturated, cores idle
+        _scaled("scale_delivery", 2, 0.8, 0.1, 1.9),  # no process at a core, the machine full
+    ]
+    values = scaling_values(stages)
+    two = values["scale_ingest"]["processes"]["2"]
+    assert two["ours"] == pytest.approx(1.2 + 0.25 + 0.1)
+    assert two["machine"] == pytest.approx(1.95)
+    assert two["others"] == pytest.approx(1.95 - 1.55)
+    assert two["cpu_per_1000"]["server"] == pytest.approx(4 * 1.2 / 2)
+    assert two["busiest"]["name"] == "notifier 0"
+    ingest_1, ingest_2, delivery_1, delivery_2 = values["ceiling"]["statements"]
+    assert ingest_1.startswith(
+        "ingest, POST /v1/events with 1 process uses 1.30 of 2 cores (notifier 0.95, "
+        "postgres 0.25, wrk 0.10)"
+    )
+    assert "the first to saturate: notifier 0 at 0.95 of a core" in ingest_1
+    assert "the first to saturate: notifier 0, runnable 0.95 of the time" in ingest_2
+    assert "nothing saturated and cores left idle" in delivery_1
+    assert "the 2 cores are full: the machine is the ceiling, notifier" in delivery_2
+    text = scaling(stages)
+    assert "ceiling on 2 cores:" in text
+    assert "notifier 1 0.60+0.35 (peak 0.60)" in text
