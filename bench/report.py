@@ -135,6 +135,8 @@ def utilisation(s: Stage) -> dict[str, Any] | None:
         "saturated": [b for b in candidates if b["mean"] + b["wait"] >= SATURATED],
         # each of notifier's processes, then the busiest of each other group
         "each": w.busy.get("processes", []) + [b for b in candidates if b["group"] != "server"],
+        # the cores notifier's processes would have taken: on a core or runnable and waiting
+        "notifier_asked": sum(b["mean"] + b["wait"] for b in w.busy.get("processes", [])),
         "group_peak": w.busy.get("group_peak", {}), "machine_peak": w.busy.get("machine_peak"),
     }  # fmt: skip
 
@@ -169,7 +171,8 @@ def verdict(what: str, n: int, u: dict[str, Any]) -> str:
         big = NAMES[top[0][0]] if top else "?"
         return (
             text + f"; no process asks for a whole core but the {cores} cores are full: the "
-            f"machine is the ceiling, {big} its biggest consumer (busiest process: {who})"
+            f"machine is the ceiling, {big} its biggest consumer (busiest process: {who}; "
+            f"notifier's processes runnable {u['notifier_asked']:.2f} cores' worth)"
         )
     return (
         text + f"; nothing saturated and cores left idle: the limit is waiting, not CPU "
@@ -371,8 +374,9 @@ def chart(result: dict[str, Any], path: Path) -> None:
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.plot(range(len(used)), [u["machine"] for _, u in used], "kx", label="machine")
         ax.axhline(used[0][1]["cores"], color="grey", linewidth=0.8)
+        ax.set_ylim(0, used[0][1]["cores"] * 1.4)  # room above the cores' line for the legend
         ax.set_xticks(range(len(used)), [label for label, _ in used], fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=4, loc="upper center")
     else:  # a run without the paced stage (--delivery): no empty frame
         ax.axis("off")
     fig.tight_layout()

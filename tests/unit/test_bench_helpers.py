@@ -222,6 +222,7 @@ def test_the_scaling_statement_names_what_saturates_first() -> None:
     assert "the first to saturate: notifier 0, runnable 0.95 of the time" in ingest_2
     assert "nothing saturated and cores left idle" in delivery_1
     assert "the 2 cores are full: the machine is the ceiling, notifier" in delivery_2
+    assert "notifier's processes runnable 1.00 cores' worth" in delivery_2
     text = scaling(stages)
     assert "ceiling on 2 cores:" in text
     assert "notifier 1 0.60+0.35 (peak 0.60)" in text
