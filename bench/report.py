@@ -164,8 +164,8 @@ def verdict(what: str, n: int, u: dict[str, Any]) -> str:
     if asked >= SATURATED:
         return (
             text + f"; the first to saturate: {b['name']}, runnable {asked:.2f} of the time "
-            f"(on a core {b['mean']:.2f}, waiting for one {b['wait']:.2f}: it would take a whole "
-            f"core, the others' load takes the rest)"
+            f"(on a core {b['mean']:.2f}, waiting for one {b['wait']:.2f}): CPU-bound, it would "
+            f"take a whole core that the shared cores did not give it"
         )
     if u["machine"] >= SATURATED * cores:
         big = NAMES[top[0][0]] if top else "?"
