@@ -192,11 +192,11 @@ class Harness:
         # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
         self.wrk_pid = proc.pid
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            _, status, rusage = os.wait4(proc.pid, 0)
         finally:
             self.wrk_pid = None
         proc.returncode = os.waitstatus_to_exitcode(status)
-        self.wrk_cpu += usage.ru_utime + usage.ru_stime
+        self.wrk_cpu += rusage.ru_utime + rusage.ru_stime
         if not out.exists():
             raise RuntimeError(f"wrk exited {proc.returncode} without figures; see {self.tmp}")
         from bench.sink import wrk_result
