@@ -82,4 +82,7 @@ async def on_http_error(exc: HTTPException) -> Response:
 def install_error_handlers(app: Quart) -> None:
     app.after_request(finish_reading_the_body)
     app.register_error_handler(HTTPException, on_http_error)
-    app.register_error_handler(Exception, on_error)  # every other kind: error_parts
+    # Each kind by name, as a blueprint's handler of a wider kind must not catch them first.
+    for kind in (ApiError, StoreUnavailable, UnstorableText, IdempotencyConflict, UnknownChannels):
+        app.register_error_handler(kind, on_error)
+    app.register_error_handler(Exception, on_error)
