@@ -20,7 +20,11 @@
   never run again after a kept-alive answer. The ``Closed`` and ``Updated`` events are seen
   here before anything that can be cancelled, and the connection closes when hypercorn has
   asked to, when it has been idle for the keep-alive timeout, or at once when it is idle as the
-  server stops.
+  server stops. hypercorn's own idle timer, a task it starts again after every answer, is left
+  stopped: this one keeps the time instead.
+- **One write per answer**: :class:`H11Connection` keeps an HTTP/1.1 answer's head and hands
+  it over with the body (or the end) that follows it, and hypercorn's empty writes (the end of
+  an answer whose length was given) reach no socket.
 """
 
 from __future__ import annotations
@@ -183,9 +187,18 @@ class Connection(TCPServer):
                 # it (HTTP/1.1 to HTTP/2), and with it how close_when_due watches.
                 self._idle = event.idle
                 self.poke()
+                if event.idle:
+                    # close_when_due keeps the idle timer: hypercorn's own would cost a task
+                    # started after every answer. (The one it starts with the connection is
+                    # stopped by the first request, below.)
+                    return
             await super().protocol_send(event)
 
     async def _write(self, data: bytes) -> None:
+        if not data:  # an answer's end with its length given, or a head kept for its body
+            self._wrote.set()
+            self._wrote = trio.Event()
+            return
         failed = False
         async with self._writer:
             # hypercorn's shield (a cancelled request still ends its answer), with a deadline.
@@ -308,6 +321,7 @@ class H11Connection(h11.Connection):
       hypercorn would send ``100 Continue`` before the app has seen the request. (Other early
       refusals, such as a missing key, still invite it: the app reads what is left of a body
       before it answers, so the connection can carry the next request.)
+    - A final answer's head is sent with what follows it (:meth:`send_with_data_passthrough`).
     """
 
     def __init__(self, *, http2: bool, max_body_bytes: int, max_incomplete_event_size: int):
@@ -315,6 +329,8 @@ class H11Connection(h11.Connection):
         self._http2 = http2
         self._max_body_bytes = max_body_bytes
         self._uninvited = False
+        # The head of the answer begun, not sent yet (``send_with_data_passthrough``).
+        self._head: list[bytes] = []
 
     def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         event = super().next_event()
@@ -325,6 +341,20 @@ class H11Connection(h11.Connection):
                     raise h11.RemoteProtocolError("HTTP/2 is off", error_status_hint=505)
                 event = _without_h2c_upgrade(event)
         return event
+
+    def send_with_data_passthrough(self, event: h11.Event) -> list[bytes] | None:
+        """``event``'s bytes (``send`` joins them); a final answer's head is kept and sent with
+        what follows it (its body, or its end), so that an answer takes one write, not two.
+        Every answer of the app sends its body right after its head (none streams, none waits
+        between the two)."""
+        data = super().send_with_data_passthrough(event)
+        if isinstance(event, h11.Response) and data:
+            self._head = data
+            return []
+        if self._head:
+            head, self._head = self._head, []
+            return head + (data or [])
+        return data
 
     @property
     def they_are_waiting_for_100_continue(self) -> bool:

@@ -30,6 +30,7 @@ from hypercorn.typing import (
 from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
+from notifier.ingest.api.hot import ingest_routes
 from notifier.ingest.connection import Server
 from notifier.ingest.limits import ConnectionLimits
 from notifier.lifecycle import Stop
@@ -141,7 +142,8 @@ async def serve_ingest(
     hc.accesslog = None
     hc.errorlog = log
     hc.keep_alive_timeout = KEEP_ALIVE_SECONDS
-    wrapped = wrap_app(shielded_sends(app), hc.wsgi_max_body_size, "asgi")
+    # The ingest routes answered in front of quart (``api.hot``); the rest goes on to ``app``.
+    wrapped = wrap_app(shielded_sends(ingest_routes(app)), hc.wsgi_max_body_size, "asgi")
     lifespan = Lifespan(wrapped, hc, {})
     server = Server(
         wrapped, hc, lifespan, http2=http2, max_body_bytes=max_body_bytes,

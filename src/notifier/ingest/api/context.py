@@ -99,3 +99,9 @@ def install(app: Quart, context: ApiContext) -> None:
 def api_context() -> ApiContext:
     """The context of the app answering the current request."""
     return cast(ApiContext, current_app.extensions[_EXTENSION])
+
+
+def context_of(app: Quart) -> ApiContext | None:
+    """The context ``create_app`` installed in ``app``; None in an app without one (the app of
+    ``ingest.metrics_bind``)."""
+    return cast(ApiContext | None, app.extensions.get(_EXTENSION))

@@ -5,6 +5,7 @@ read to its end (or the connection closed) before the answer goes."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
@@ -31,52 +32,57 @@ async def finish_reading_the_body(response: Response) -> Response:
     return response
 
 
-async def on_api_error(exc: ApiError) -> Response:
-    return error_response(exc.status, exc.code, exc.message, exc.headers)
+ErrorParts = tuple[int, str, str, Mapping[str, str]]  # status, code, message, headers
+
+
+def http_error_parts(exc: HTTPException) -> ErrorParts:
+    """The answer to one of werkzeug's errors (a 404, a 405, a 413 from the body's size...)."""
+    code = (exc.name or "error").lower().replace(" ", "_")
+    return exc.code or 500, code, exc.description or exc.name or "error", {}
+
+
+def error_parts(exc: Exception) -> ErrorParts:
+    """The answer to ``exc``, raised while answering a request: the quart app's error handlers
+    and the lean ingest routes (``api.hot``) both answer through it. Anything unexpected is
+    logged (and so reported to Sentry) and answered 500 without detail."""
+    if isinstance(exc, ApiError):
+        return exc.status, exc.code, exc.message, exc.headers
+    if isinstance(exc, HTTPException):
+        return http_error_parts(exc)
+    if isinstance(exc, StoreUnavailable):
+        log.warning("answering 503: %s", exc)
+        return (
+            503, "unavailable", "the database is unavailable or did not answer in time; try again",
+            {"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )  # fmt: skip
+    if isinstance(exc, UnstorableText):
+        return (
+            422, "validation_error",
+            "text must not contain the NUL character (\\u0000): Postgres cannot store it", {},
+        )  # fmt: skip
+    if isinstance(exc, IdempotencyConflict):
+        return 409, *refusal(exc), {}
+    if isinstance(exc, UnknownChannels):
+        return 422, *refusal(exc), {}
+    log.error("request failed", exc_info=exc)
+    return 500, "internal_error", "internal error", {}
+
+
+async def on_error(exc: Exception) -> Response:
+    return error_response(*error_parts(exc))
 
 
 async def on_http_error(exc: HTTPException) -> Response:
-    code = (exc.name or "error").lower().replace(" ", "_")
-    response = error_response(exc.code or 500, code, exc.description or exc.name or "error")
+    response = error_response(*http_error_parts(exc))
     if exc.code == 405 and exc.valid_methods:  # type: ignore[attr-defined]
         response.headers["Allow"] = ", ".join(exc.valid_methods)  # type: ignore[attr-defined]
     return response
 
 
-async def on_store_unavailable(exc: StoreUnavailable) -> Response:
-    log.warning("answering 503: %s", exc)
-    return error_response(
-        503, "unavailable", "the database is unavailable or did not answer in time; try again",
-        {"Retry-After": str(RETRY_AFTER_SECONDS)},
-    )  # fmt: skip
-
-
-async def on_unstorable_text(exc: UnstorableText) -> Response:
-    return error_response(
-        422, "validation_error",
-        "text must not contain the NUL character (\\u0000): Postgres cannot store it",
-    )  # fmt: skip
-
-
-async def on_idempotency_conflict(exc: IdempotencyConflict) -> Response:
-    return error_response(409, *refusal(exc))
-
-
-async def on_unknown_channels(exc: UnknownChannels) -> Response:
-    return error_response(422, *refusal(exc))
-
-
-async def on_exception(exc: Exception) -> Response:
-    log.error("request failed", exc_info=exc)
-    return error_response(500, "internal_error", "internal error")
-
-
 def install_error_handlers(app: Quart) -> None:
     app.after_request(finish_reading_the_body)
-    app.register_error_handler(ApiError, on_api_error)
     app.register_error_handler(HTTPException, on_http_error)
-    app.register_error_handler(StoreUnavailable, on_store_unavailable)
-    app.register_error_handler(UnstorableText, on_unstorable_text)
-    app.register_error_handler(IdempotencyConflict, on_idempotency_conflict)
-    app.register_error_handler(UnknownChannels, on_unknown_channels)
-    app.register_error_handler(Exception, on_exception)
+    # Each kind by name, as a blueprint's handler of a wider kind must not catch them first.
+    for kind in (ApiError, StoreUnavailable, UnstorableText, IdempotencyConflict, UnknownChannels):
+        app.register_error_handler(kind, on_error)
+    app.register_error_handler(Exception, on_error)

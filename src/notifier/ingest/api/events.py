@@ -11,7 +11,7 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from notifier.ingest.api.auth import current_tenant
-from notifier.ingest.api.context import api_context
+from notifier.ingest.api.context import ApiContext, api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import IDEMPOTENCY_HEADER_PATTERN, BatchIn, EventIn
@@ -40,11 +40,11 @@ def event_view(event: Event, *, with_payload: bool = False) -> EventView:
     )  # fmt: skip
 
 
-async def admit(tenant_id: uuid.UUID, count: int) -> None:
+async def admit(tenant_id: uuid.UUID, count: int, ctx: ApiContext | None = None) -> None:
     """Spend ``count`` events of the key's rate limit (a bucket shared by every ingest
     process, one statement), or answer 429 writing nothing. Every event is charged: the
     config keeps the bucket (``ingest.rate_limit_burst``) at least as big as a batch."""
-    ctx = api_context()
+    ctx = ctx or api_context()
     limit = ctx.rate_limiter
     if limit is None:
         return
@@ -59,20 +59,20 @@ async def admit(tenant_id: uuid.UUID, count: int) -> None:
         )  # fmt: skip
 
 
-async def ingest(tenant_id: uuid.UUID, events: list[NewEvent]) -> list[IngestResult]:
-    await admit(tenant_id, len(events))
-    ctx = api_context()
+async def ingest(
+    tenant_id: uuid.UUID, events: list[NewEvent], ctx: ApiContext | None = None
+) -> list[IngestResult]:
+    ctx = ctx or api_context()
+    await admit(tenant_id, len(events), ctx)
     results = await ctx.store.ingest(tenant_id, events, ctx.max_attempts)  # refusals: errors.py
     ctx.ingested.inc(sum(1 for r in results if r.created))
     return results
 
 
-@routes.post("/v1/events")
-async def post_event() -> Response:
-    tenant_id = await current_tenant()
-    data = await read_body(EventIn)
+def idempotency_key(data: EventIn, header_key: str | None) -> str | None:
+    """The event's idempotency key: the body's or the ``Idempotency-Key`` header's
+    (``header_key``), which must agree when both are given; 422 for a header out of shape."""
     key = data.idempotency_key
-    header_key = request.headers.get("Idempotency-Key")
     if header_key is not None:
         if not 1 <= len(header_key) <= 255 or not _IDEMPOTENCY_HEADER.search(header_key):
             raise ApiError(
@@ -85,9 +85,17 @@ async def post_event() -> Response:
                 "idempotency_key: differs from the Idempotency-Key header",
             )  # fmt: skip
         key = header_key
-    event = new_event(data, key)
-    await admit(tenant_id, 1)
-    ctx = api_context()
+    return key
+
+
+async def store_event(
+    ctx: ApiContext, tenant_id: uuid.UUID, data: EventIn, header_key: str | None
+) -> tuple[EventView, int]:
+    """``POST /v1/events`` once the body is read: the event stored (or found again by its
+    idempotency key), its view and status (202 stored, 200 the same event again); the store's
+    refusals are raised (answered by ``errors``)."""
+    event = new_event(data, idempotency_key(data, header_key))
+    await admit(tenant_id, 1, ctx)
     # Stored together with the events of the requests in flight beside it: one statement, one
     # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
     # request in the batch does not touch it.
@@ -96,23 +104,45 @@ async def post_event() -> Response:
         raise outcome  # answered like the same error of a request alone (api/errors.py)
     if outcome.created:
         ctx.ingested.inc()
-    return json_response(event_view(outcome.event), 202 if outcome.created else 200)
+    return event_view(outcome.event), 202 if outcome.created else 200
 
 
-@routes.post("/v1/events/batch")
-async def post_batch() -> Response:
-    tenant_id = await current_tenant()
-    data = await read_body(BatchIn)
-    max_events = api_context().config.ingest.max_batch_events
+async def store_batch(
+    ctx: ApiContext, tenant_id: uuid.UUID, data: BatchIn
+) -> tuple[EventBatch, int]:
+    """``POST /v1/events/batch`` once the body is read: the events stored in one transaction,
+    their views and the status (202 when any was new, else 200)."""
+    max_events = ctx.config.ingest.max_batch_events
     if len(data.events) > max_events:
         raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
     ids = new_ids(len(data.events))
     results = await ingest(
         tenant_id,
         [new_event(e, e.idempotency_key, i) for e, i in zip(data.events, ids, strict=True)],
+        ctx,
     )
     status = 202 if any(r.created for r in results) else 200
-    return json_response(EventBatch(events=[event_view(r.event) for r in results]), status)
+    return EventBatch(events=[event_view(r.event) for r in results]), status
+
+
+# The two routes below are served by ``api.hot`` in front of quart when the app runs under
+# ``serve_ingest``; these handlers answer them under quart's test client and stay the contract.
+@routes.post("/v1/events")
+async def post_event() -> Response:
+    tenant_id = await current_tenant()
+    data = await read_body(EventIn)
+    view, status = await store_event(
+        api_context(), tenant_id, data, request.headers.get("Idempotency-Key")
+    )
+    return json_response(view, status)
+
+
+@routes.post("/v1/events/batch")
+async def post_batch() -> Response:
+    tenant_id = await current_tenant()
+    data = await read_body(BatchIn)
+    batch, status = await store_batch(api_context(), tenant_id, data)
+    return json_response(batch, status)
 
 
 @routes.get("/v1/events/<uuid:event_id>")

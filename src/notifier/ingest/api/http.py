@@ -94,11 +94,15 @@ def _make_integer(tree: Any, message: str) -> bool:
     return True
 
 
+def check_json_type(content_type: str) -> None:
+    """415 unless ``content_type`` (the request's ``Content-Type``, "" without one) says JSON."""
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
+
+
 async def read_body(kind: type[B]) -> B:
     """The request's JSON body as ``kind``; 415 unless it says it is JSON."""
-    ctype = request.headers.get("Content-Type", "")
-    if ctype.split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
+    check_json_type(request.headers.get("Content-Type", ""))
     data = await request.get_data(cache=False)
     assert isinstance(data, bytes)
     return decode_body(data, kind)
