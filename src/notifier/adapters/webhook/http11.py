@@ -21,16 +21,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from notifier.errors import NotifierError
+
 # A head (status line and fields) larger than this without its end is refused, as is a chunk
 # size line or the trailer section past it.
 MAX_HEAD_BYTES = 16 * 1024
 
 
-class RemoteProtocolError(Exception):
+class RemoteProtocolError(NotifierError):
     """The answer does not follow HTTP/1.1, or the connection ended before it did."""
 
 
-class LocalProtocolError(Exception):
+class LocalProtocolError(NotifierError):
     """The request cannot be written as HTTP/1.1 (a field that is not one)."""
 
 
