@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from types import CodeType
 from typing import Any, ParamSpec, TypeVar
 
 import trio
@@ -92,6 +93,63 @@ def drop_cancelled_timers(timers: list[asyncio.TimerHandle]) -> int:
     return len(timers)
 
 
+# The code of the coroutine functions marked ``never_suspends``.
+_RUN_AT_ONCE: set[CodeType] = set()
+F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+def never_suspends(fn: F) -> F:
+    """Mark an asyncio-flavoured coroutine function that never suspends (it awaits nothing,
+    or only what completes without waiting): a task that a library makes of one of its calls
+    on the bridge's loop is run at once, to its end, and is a finished future
+    (``run_at_once``).
+
+    What it saves: aiormq makes a task of every call of a consumer callback, one per message,
+    and such a task costs the loop four callbacks — its step, the callback that checks its
+    outcome, and a callback of each of the two future stores that track it — besides the task
+    itself; run at once, it costs none. A marked function that suspends after all is a bug:
+    ``RuntimeError`` where the library created the task."""
+    _RUN_AT_ONCE.add(fn.__code__)
+    return fn
+
+
+class _Finished(asyncio.Future[Any]):
+    """A future that ends before anyone sees it: a callback added to it runs at once (asyncio's
+    would wait for the loop's next pass, for nothing: nobody awaits the result)."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
+        if context is None:
+            fn(self)
+        else:
+            context.run(fn, self)
+
+
+def run_at_once(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+) -> asyncio.Future[Any]:
+    """The bridge loop's task factory: a coroutine of a ``never_suspends`` function runs now
+    and becomes a finished future (with its result or its exception, as its task would have
+    had); any other becomes the ``asyncio.Task`` the loop would make without a factory."""
+    if getattr(coro, "cr_code", None) not in _RUN_AT_ONCE:
+        return asyncio.Task(coro, loop=loop, **kwargs)
+    done = _Finished(loop=loop)
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        done.set_result(stop.value)
+    except asyncio.CancelledError:
+        done.cancel()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        done.set_exception(exc)
+    else:
+        coro.close()
+        name = getattr(coro, "__qualname__", coro)
+        raise RuntimeError(f"{name} suspended, but is marked never_suspends")
+    return done
+
+
 @asynccontextmanager
 async def open_bridge() -> AsyncIterator[None]:
     """Trio-flavoured. Open the trio-asyncio loop, unless one is already open in this task tree."""
@@ -100,6 +158,7 @@ async def open_bridge() -> AsyncIterator[None]:
         return
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_unhandled)
+        loop.set_task_factory(run_at_once)
         run_ready_in_batches(loop)
         yield
 

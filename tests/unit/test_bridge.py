@@ -1,12 +1,23 @@
 """The bridge's loop runs every ready asyncio callback per pass, as asyncio does, rather than one
-per trio checkpoint (``bridge.run_ready_in_batches``)."""
+per trio checkpoint (``bridge.run_ready_in_batches``), and runs a task of a coroutine that never
+suspends at once (``bridge.never_suspends``)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import trio
 import trio_asyncio
 
-from notifier.bridge import READY_BATCH_LIMIT, TIMER_PURGE_MIN, open_bridge
+from notifier.bridge import (
+    _RUN_AT_ONCE,
+    READY_BATCH_LIMIT,
+    TIMER_PURGE_MIN,
+    never_suspends,
+    open_bridge,
+)
+from notifier.broker.amqp_consumer import Consumer
 
 CALLBACKS = 200
 
@@ -86,3 +97,75 @@ async def test_cancelled_timers_do_not_stay_in_the_loop_until_they_are_due() -> 
         with trio.fail_after(10):
             await fired.wait()
         assert trio.current_time() >= due
+
+
+# -- coroutines that never suspend (bridge.never_suspends) ---------------------------------------
+
+
+@never_suspends
+async def _record(seen: list[int], value: int) -> int:
+    seen.append(value)
+    return value * 2
+
+
+@never_suspends
+async def _fail() -> None:
+    raise ValueError("bad message")
+
+
+@never_suspends
+async def _suspends() -> None:
+    await asyncio.sleep(0)
+
+
+async def test_a_task_of_a_coroutine_that_never_suspends_has_run_when_it_is_made() -> None:
+    seen: list[int] = []
+    called: list[object] = []
+    async with open_bridge():
+        loop = trio_asyncio.current_loop.get()
+        task = loop.create_task(_record(seen, 21))
+        assert seen == [21]  # already run, before the loop's next pass
+        assert task.done()
+        assert task.result() == 42
+        task.add_done_callback(called.append)  # at once: nobody waits for the loop
+        assert called == [task]
+
+
+async def test_its_exception_is_its_outcome_as_a_tasks_would_be() -> None:
+    async with open_bridge():
+        loop = trio_asyncio.current_loop.get()
+        task = loop.create_task(_fail())
+        assert task.done()
+        with pytest.raises(ValueError, match="bad message"):
+            task.result()
+
+
+async def test_one_marked_that_suspends_is_refused_where_its_task_is_made() -> None:
+    async with open_bridge():
+        loop = trio_asyncio.current_loop.get()
+        with pytest.raises(RuntimeError, match="suspended"):
+            loop.create_task(_suspends())
+
+
+async def test_any_other_coroutine_becomes_a_task_of_the_loop() -> None:
+    seen: list[int] = []
+
+    async def plain() -> int:
+        await asyncio.sleep(0)
+        seen.append(1)
+        return 7
+
+    async with open_bridge():
+        result = await trio_asyncio.aio_as_trio(plain)()
+        loop = trio_asyncio.current_loop.get()
+        task = loop.create_task(plain())
+        assert isinstance(task, asyncio.Task)
+        assert not task.done()
+        assert await trio_asyncio.aio_as_trio(lambda: task)() == 7
+    assert result == 7
+    assert seen == [1, 1]
+
+
+def test_the_consumer_callback_is_marked() -> None:
+    # aiormq makes a task of every call of it: one per message
+    assert Consumer._on_message.__code__ in _RUN_AT_ONCE

@@ -408,3 +408,31 @@ async def test_a_deferral_the_broker_does_not_take_is_requeued_after_a_pause(
     await handler.defer(Incoming(encode_message(m), "x", 1, False, sink), m, 1.0, destination=HUNG)
     assert sink.settled == [Settle.REQUEUE]
     assert trio.current_time() - start == DEFER_FAILED_PAUSE_SECONDS
+
+
+async def test_a_worker_task_takes_what_waits_and_nothing_once_stopped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    adapter = DestinationsAdapter({HEALTHY: 0.0})
+    group = Group(adapter, concurrency=1, prefetch=8, cap=1, timeout=3.0)
+    send, receive = trio.open_memory_channel[Incoming](8)
+    first = [group.enqueue(HEALTHY, n) for n in range(3)]
+    for tag, body in enumerate(group.queue, start=1):  # already waiting when the task starts
+        send.send_nowait(Incoming(body, None, tag, False, group))
+    group.queue.clear()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker_task, receive, group.dispatch, group.stop)
+        with trio.fail_after(5):
+            while len(group.settled) < len(first):
+                await group.changed.wait()
+                group.changed = trio.Event()
+        # the channel is empty: the task waits on it, and a stop ends that wait
+        group.stop.set()
+    assert [m.delivery_id for m in adapter.messages] == [m.delivery_id for m in first]
+    # once stopped, a message that arrives is left for the channel's close to hand back
+    late = group.enqueue(HEALTHY, 9)
+    send.send_nowait(Incoming(group.queue.pop(), None, 9, False, group))
+    with trio.fail_after(5):
+        await worker_task(receive, group.dispatch, group.stop)
+    assert late.delivery_id not in [m.delivery_id for m in adapter.messages]
+    assert group.settled == [Settle.ACK] * 3

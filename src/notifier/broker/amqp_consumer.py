@@ -12,7 +12,7 @@ import aiormq
 import trio
 from pamqp.commands import Basic
 
-from notifier.bridge import aio
+from notifier.bridge import aio, never_suspends
 from notifier.broker.amqp_base import broker_errors, wait_closing
 from notifier.broker.amqp_publisher import PASSED_PROPERTIES
 from notifier.broker.base import Incoming, Settle
@@ -65,8 +65,10 @@ class Consumer:
         if self._token is not None:
             self._token.run_sync_soon(self._cancelled.set)
 
+    @never_suspends  # one per message: aiormq's task of it would cost four loop callbacks
     async def _on_message(self, message: aiormq.abc.DeliveredMessage) -> None:
-        """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it."""
+        """Asyncio-flavoured aiormq callback. Must never raise: aiormq would only log it. Never
+        suspends: run at once where aiormq makes a task of it (``bridge.never_suspends``)."""
         try:
             tag = message.delivery_tag
             if tag is None or self._stopped:

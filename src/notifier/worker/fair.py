@@ -42,7 +42,7 @@ import msgspec
 import trio
 from prometheus_client import Gauge
 
-from notifier.adapters.base import destination_of
+from notifier.adapters.base import destination_namer
 from notifier.broker.base import Incoming, Settle
 from notifier.lifecycle import Stop
 from notifier.messages import WorkerMessage, decode_message
@@ -211,6 +211,7 @@ class FairDispatch:
         number of waiting messages."""
         self._handler = handler
         self._adapter = adapter
+        self._destination = destination_namer(adapter)
         self._share = share
         self._stop = stop
         self._tracking = tracking or nullcontext
@@ -227,7 +228,7 @@ class FairDispatch:
     def destination(self, message: WorkerMessage) -> str:
         """The message's destination; its channel's when the adapter cannot say."""
         try:
-            return destination_of(self._adapter, message)
+            return self._destination(message)
         except Exception:
             log.exception("delivery %s: naming its destination failed", message.delivery_id)
             return f"channel:{message.channel_id}"

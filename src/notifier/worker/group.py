@@ -44,14 +44,21 @@ async def worker_task(
     receive: trio.MemoryReceiveChannel[Incoming], dispatch: FairDispatch, stop: Stop
 ) -> None:
     """Take messages until stopped; a message taken is always handled to the end (or left
-    waiting for its destination's share, or deferred: ``worker.fair``)."""
-    while True:
-        with stop.intake() as intake:
-            try:
-                incoming = await receive.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
+    waiting for its destination's share, or deferred: ``worker.fair``). A message already
+    waiting is taken without a wait (no cancel scope, no checkpoint: the delivery has its
+    own); only an empty channel is waited on, in a scope the stop cancels."""
+    while not stop.is_set():
+        try:
+            incoming = receive.receive_nowait()
+        except trio.WouldBlock:
+            with stop.intake() as intake:
+                try:
+                    incoming = await receive.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+            if intake.cancelled_caught:
                 return
-        if intake.cancelled_caught:
+        except (trio.EndOfChannel, trio.ClosedResourceError):
             return
         await dispatch.dispatch(incoming)
 

@@ -29,7 +29,7 @@ from typing import Protocol
 import msgspec
 import trio
 
-from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter, destination_of
+from notifier.adapters.base import Adapter, KeepsDeadline, RateLimiter, destination_namer
 from notifier.broker.base import Incoming, Settle
 from notifier.errors import DeliveryError, PermanentError, RetriableError, StoreError
 from notifier.messages import WorkerMessage, decode_message
@@ -117,6 +117,7 @@ class Handler:
             observer = Observers() if observer is None else Observers(observer)
         self._observer = observer
         self._type = adapter.channel_type
+        self._destination = destination_namer(adapter)
 
     async def handle(self, incoming: Incoming, message: WorkerMessage | None = None) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
@@ -266,7 +267,7 @@ class Handler:
         be reached)."""
         if self._circuits is None:
             return await self._attempt(message, channel_rate)
-        destination = destination_of(self._adapter, message)
+        destination = self._destination(message)
         admission = await self._circuits.admit(destination)
         if admission.gate is Gate.DEFER:
             return Attempted(
@@ -315,15 +316,13 @@ class Handler:
                     result=Result.RETRIABLE, rate_limit_wait=wait,
                     error=f"rate limited: wait {wait:.3g} s", called=False,
                 )  # fmt: skip
-            with trio.fail_after(self._limit):
+            # trio.fail_after's scope, without its two generator-based context managers
+            with trio.CancelScope(deadline=trio.current_time() + self._limit) as limit:
                 receipt = await self._adapter.deliver(message)
         except StoreError:
             raise  # the buckets could not be read: handled like any store failure
-        except trio.TooSlowError:
-            return Attempted(
-                result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s",
-                unreachable=True,
-            )  # fmt: skip
+        except trio.TooSlowError:  # a limit of the adapter's own, cut as the worker's is
+            return self._timed_out()
         except RetriableError as exc:
             return Attempted(
                 result=Result.RETRIABLE, error=str(exc), status_code=exc.status_code,
@@ -341,11 +340,19 @@ class Handler:
             return Attempted(
                 result=Result.PANIC, error=f"adapter raised {type(exc).__name__}: {exc}", exc=exc
             )
+        if limit.cancelled_caught:
+            return self._timed_out()
         if receipt is None:
             return Attempted(result=Result.DELIVERED)
         return Attempted(
             result=Result.DELIVERED, status_code=receipt.status_code,
             response_excerpt=receipt.response_excerpt,
+        )  # fmt: skip
+
+    def _timed_out(self) -> Attempted:
+        return Attempted(
+            result=Result.RETRIABLE, error=f"timed out after {self._timeout:g} s",
+            unreachable=True,
         )  # fmt: skip
 
     async def _carry_out(

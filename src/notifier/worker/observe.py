@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -76,36 +76,74 @@ class Observers:
 
 
 class MetricsObserver:
-    """The attempt counters and histograms of ``notifier.metrics``, for recorded attempts."""
+    """The attempt counters and histograms of ``notifier.metrics``, for recorded attempts.
+
+    The series' children are looked up once per label values and kept: a ``labels()`` call
+    per message is a lock and a dict lookup of its own, and the values are a handful."""
 
     def __init__(self, metrics: Metrics, channel_type: str) -> None:
         self._metrics = metrics
         metrics.start_channel_type(channel_type)
+        self._type = channel_type
+        self._deferred = metrics.deliveries_deferred.labels(channel_type)
+        self._dead = metrics.deliveries_dead.labels(channel_type)
+        self._duration = metrics.delivery_attempt_duration.labels(channel_type)
+        self._latency = metrics.delivery_latency.labels(channel_type)
+        self._attempts: dict[str, Any] = {}
+
+    def _attempts_of(self, outcome: str) -> Any:
+        child = self._attempts.get(outcome)
+        if child is None:
+            child = self._metrics.delivery_attempts.labels(self._type, outcome)
+            self._attempts[outcome] = child
+        return child
 
     def observe(self, outcome: Outcome) -> None:
+        if outcome.channel_type != self._type:  # not the group's own: looked up as it comes
+            _observe_metrics(self._metrics, outcome)
+            return
         if outcome.outcome == DEFERRED:
-            self._metrics.deliveries_deferred.labels(outcome.channel_type).inc()
+            self._deferred.inc()
             return
         if not outcome.recorded or outcome.message is None:
             return
-        m, kind = self._metrics, outcome.channel_type
-        m.delivery_attempts.labels(kind, outcome.outcome).inc()
+        self._attempts_of(outcome.outcome).inc()
         if outcome.duration_ms is not None:
-            m.delivery_attempt_duration.labels(kind).observe(outcome.duration_ms / 1000)
+            self._duration.observe(outcome.duration_ms / 1000)
         if outcome.status == "DEAD":
-            m.deliveries_dead.labels(kind).inc()
+            self._dead.inc()
         elif outcome.status == "DELIVERED":
-            latency = seconds_between(outcome.message.created_at, outcome.finished_at)
-            m.delivery_latency.labels(kind).observe(latency)
+            self._latency.observe(seconds_between(outcome.message.created_at, outcome.finished_at))
+
+
+def _observe_metrics(m: Metrics, outcome: Outcome) -> None:
+    """``MetricsObserver.observe`` with every child looked up by its labels."""
+    kind = outcome.channel_type
+    if outcome.outcome == DEFERRED:
+        m.deliveries_deferred.labels(kind).inc()
+        return
+    if not outcome.recorded or outcome.message is None:
+        return
+    m.delivery_attempts.labels(kind, outcome.outcome).inc()
+    if outcome.duration_ms is not None:
+        m.delivery_attempt_duration.labels(kind).observe(outcome.duration_ms / 1000)
+    if outcome.status == "DEAD":
+        m.deliveries_dead.labels(kind).inc()
+    elif outcome.status == "DELIVERED":
+        latency = seconds_between(outcome.message.created_at, outcome.finished_at)
+        m.delivery_latency.labels(kind).observe(latency)
 
 
 class LogObserver:
     """The one ``notifier.worker`` INFO line per recorded attempt, with the delivery's ids as
-    fields (a failure of the handler itself is logged with its traceback where it happens)."""
+    fields (a failure of the handler itself is logged with its traceback where it happens).
+    Nothing is built for it when the logger would drop it (a level above INFO)."""
 
     def observe(self, outcome: Outcome) -> None:
         message = outcome.message
         if not outcome.recorded or message is None or outcome.handler_failed:
+            return
+        if not log.isEnabledFor(logging.INFO):
             return
         log.info(
             "delivery %s attempt %d: %s%s", message.delivery_id, message.attempt,

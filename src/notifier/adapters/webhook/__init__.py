@@ -5,8 +5,9 @@
   secrets out of errors;
 - ``ssrf``: the table of blocked addresses, the URL checks that need no network;
 - ``resolver``: host names to addresses without threads (``/etc/hosts``, then DNS), cached;
-- ``client``: the HTTP/1.1 client (h11 over trio), which dials only the checked addresses and
-  reads an answer with a bound;
+- ``client``: the HTTP/1.1 client (``http11`` over trio), which dials only the checked
+  addresses and reads an answer with a bound;
+- ``http11``: the request it writes and the answers it reads, without I/O;
 - ``pool``: the client's kept-alive connections, by origin, and when one is not reused;
 - ``answers``: an HTTP answer or a transport error turned into a receipt or an error;
 - ``tls``: the CAs trusted for receivers and the client identities for mutual TLS;

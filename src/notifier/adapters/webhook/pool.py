@@ -21,8 +21,9 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import h11
 import trio
+
+from notifier.adapters.webhook.http11 import ResponseReader
 
 BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
@@ -41,15 +42,16 @@ class Origin:
 
 
 class Connection:
-    """A connection of the pool: its stream, the address it was dialed at, its h11 state."""
+    """A connection of the pool: its stream, the address it was dialed at, the reader of its
+    answers."""
 
-    __slots__ = ("address", "h11", "idle_since", "origin", "stream")
+    __slots__ = ("address", "idle_since", "origin", "reader", "stream")
 
     def __init__(self, origin: Origin, address: str, stream: trio.abc.Stream) -> None:
         self.origin = origin
         self.address = address
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.reader = ResponseReader()
         self.idle_since = 0.0
 
 
