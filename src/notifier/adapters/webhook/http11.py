@@ -210,13 +210,21 @@ class ResponseReader:
         del self._buf[:most]
         return data
 
-    def _read_length(self) -> object:
+    def _counted(self) -> bytes | None:
+        """What the buffer holds of the ``_left`` bytes still to come (of the body, or of the
+        current chunk); None when it holds none yet."""
         if not self._buf:
             if self._eof:
                 raise RemoteProtocolError("the server closed the connection")
-            return NEED_DATA
+            return None
         data = self._take(self._left)
         self._left -= len(data)
+        return data
+
+    def _read_length(self) -> object:
+        data = self._counted()
+        if data is None:
+            return NEED_DATA
         self._done = self._left == 0
         return data
 
@@ -244,12 +252,9 @@ class ResponseReader:
     def _read_chunked(self) -> object:
         while True:
             if self._chunk_state == "data":
-                if not self._buf:
-                    if self._eof:
-                        raise RemoteProtocolError("the server closed the connection")
+                data = self._counted()
+                if data is None:
                     return NEED_DATA
-                data = self._take(self._left)
-                self._left -= len(data)
                 if self._left == 0:
                     self._chunk_state = "crlf"
                 return data
