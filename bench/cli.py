@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import report, run
+from bench import history, report, run
 from bench.soak import soak
 
 
@@ -45,6 +45,13 @@ def main() -> int:
     parser.add_argument("--trace-every", type=float, default=60.0, metavar="SECONDS")
     parser.add_argument("--trace-frames", type=int, default=1, metavar="N",
                         help="frames kept per allocation (more: slower)")  # fmt: skip
+    parser.add_argument("--history", action="store_true",
+                        help="only ingest and delivery with a large history against the empty "
+                             "database, and one day's retention")  # fmt: skip
+    parser.add_argument("--history-rows", type=int, default=10_000_000, metavar="N",
+                        help="with --history: deliveries in it (default 10,000,000)")  # fmt: skip
+    parser.add_argument("--history-days", type=int, default=30, metavar="DAYS",
+                        help="with --history: days the history spans (default 30)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -68,7 +75,15 @@ def main() -> int:
     finally:
         bench.close()
     elapsed = time.time() - started
-    if not args.soak:
+    if args.history:
+        by = {s.key: s for s in bench.stages}
+        print(history.ratio_lines([
+            (what, by.get(f"history_{key}_empty"), by.get(f"history_{key}_history"))
+            for key, what in (("ingest", "ingest, POST /v1/events"), ("delivery", "delivery"))
+        ]), flush=True)  # fmt: skip
+        if bench.history_result is not None:
+            print(history.report(bench.history_result), flush=True)
+    elif not args.soak:
         print(report.ratios(bench.stages), flush=True)
         print(report.scaling(bench.stages), flush=True)
         print(report.memory(bench.stages), flush=True)
@@ -79,6 +94,7 @@ def main() -> int:
         "stages": [s.as_dict() for s in bench.stages],
         "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
         "samples": bench.samples,
+        "history": bench.history_result.as_dict() if bench.history_result is not None else None,
     }  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

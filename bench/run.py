@@ -31,7 +31,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from bench import report
+from bench import history, report
 from bench.harness import Harness
 from bench.procs import children, rss_kib, wait_for
 from bench.sink import Sink
@@ -47,6 +47,8 @@ BASELINES = (
 
 class Bench(Harness):
     """The stages, one after the other (``run``), on the harness."""
+
+    history_result: history.History | None = None  # what ``--history`` built and measured
 
     # -- stages --
 
@@ -258,6 +260,30 @@ class Bench(Harness):
             if a.webhook_id in created
         ]
 
+    def history_stages(self, secs: float, backlog: int, rows: int, days: int) -> None:
+        """Ingest (``POST /v1/events``) and delivery on the empty database, then the same with a
+        history of ``rows`` deliveries over ``days`` days (bench/history.py), then one day of
+        retention."""
+        from notifier.config import RetryConfig
+
+        def stages(when: str) -> None:
+            self.start_notifier("ingest")
+            self.ingest(f"history_ingest_{when}", f"ingest, POST /v1/events ({when})",
+                        "notifier --role ingest", "/v1/events", 1,
+                        f"bench.history.ingest.{when}", secs)  # fmt: skip
+            self.stop_subject()
+            start = functools.partial(self.start_notifier, "workers", wait=False)
+            self.drain(f"history_delivery_{when}", f"delivery, queue → webhook ({when})",
+                       "notifier --role workers", f"bench.history.delivery.{when}", backlog,
+                       start)  # fmt: skip
+            self.stop_subject()
+
+        stages("empty")
+        self.history_result = history.build(self.scratch, rows, days, RetryConfig().tiers_seconds,
+                                     self.say)  # fmt: skip
+        stages("history")
+        history.retention(self.scratch, self.history_result, self.say)
+
     # -- the whole run --
 
     def run(self) -> None:
@@ -280,6 +306,9 @@ class Bench(Harness):
             return
         if a.e2e:
             self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
+            return
+        if a.history:
+            self.history_stages(secs, backlog, a.history_rows, a.history_days)
             return
 
         self.ingest_stages(secs)

@@ -52,6 +52,9 @@ class Scratch:
         self._amqp: aiormq.abc.AbstractConnection | None = None
         self._ch: aiormq.abc.AbstractChannel | None = None
         self.created = False
+        # Postgres's clock when the database was made: every event the stages make is younger,
+        # and the queries below look at those alone (a history is older, bench/history.py)
+        self.since: Any = None
 
     # -- life cycle --
 
@@ -68,6 +71,7 @@ class Scratch:
         rabbitmqctl("add_vhost", self.name)
         rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
         self._conn = self.loop.run(asyncpg.connect(self.db_url))
+        self.since = self.value("SELECT now()")
         self.execute(SCHEMA_PATH.read_text())
         # schema.sql is the whole current schema: record every migration as applied, as
         # `notifier migrate` would have (`notifier run` refuses a database without them)
@@ -107,10 +111,18 @@ class Scratch:
 
     def drop(self) -> None:
         async def close() -> None:
-            if self._amqp is not None:
-                await self._amqp.close()
+            # a connection interrupted mid-statement (Ctrl-C) may not close cleanly: the
+            # database is dropped all the same
+            try:
+                if self._amqp is not None:
+                    await self._amqp.close()
+            except Exception:
+                pass
             if self._conn is not None:
-                await self._conn.close()
+                try:
+                    await asyncio.wait_for(self._conn.close(), 5)
+                except Exception:
+                    self._conn.terminate()
             conn = await asyncpg.connect(f"{PG}/postgres")
             try:
                 await conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
@@ -158,15 +170,15 @@ class Scratch:
         self.execute(
             "INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, "
             "max_attempts) SELECT gen_random_uuid(), e.id, $1, e.tenant_id, 'webhook', 5 "
-            "FROM events e WHERE e.type = $2",
-            self.channel_id, event_type,
+            "FROM events e WHERE e.type = $2 AND e.created_at >= $3",
+            self.channel_id, event_type, self.since,
         )  # fmt: skip
         rows = self.fetch(
             "SELECT notifier_worker_message(d, e, c.config, 1) AS body FROM deliveries d "
             "JOIN events e ON e.id = d.event_id JOIN channels c ON c.id = d.channel_id "
-            "WHERE e.type = $1",
-            event_type,
-        )
+            "WHERE e.type = $1 AND e.created_at >= $2",
+            event_type, self.since,
+        )  # fmt: skip
         return [bytes(r["body"]) for r in rows]
 
     def delivered(self, event_type: str) -> tuple[int, int]:
@@ -174,20 +186,35 @@ class Scratch:
         row = self.fetch(
             "SELECT count(*) FILTER (WHERE d.status = 'DELIVERED') AS delivered, "
             "(SELECT count(*) FROM delivery_attempts a JOIN deliveries d2 ON d2.id = "
-            "a.delivery_id JOIN events e2 ON e2.id = d2.event_id WHERE e2.type = $1) AS attempts "
-            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1",
-            event_type,
-        )[0]
+            "a.delivery_id JOIN events e2 ON e2.id = d2.event_id WHERE e2.type = $1 "
+            "AND e2.created_at >= $2) AS attempts "
+            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1 "
+            "AND e.created_at >= $2",
+            event_type, self.since,
+        )[0]  # fmt: skip
         return int(row["delivered"]), int(row["attempts"])
 
     def created_at(self, event_type: str) -> dict[str, float]:
         """delivery id → its event's creation time (epoch seconds), for one event type."""
         rows = self.fetch(
             "SELECT d.id::text AS id, extract(epoch FROM e.created_at)::float8 AS at "
-            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1",
-            event_type,
-        )
+            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1 "
+            "AND e.created_at >= $2",
+            event_type, self.since,
+        )  # fmt: skip
         return {r["id"]: r["at"] for r in rows}
+
+    def retention_batch(self, sql: str, days: int, limit: int, timeout_ms: int) -> int:
+        """One batch of the maintenance role's retention statement ``sql``, in a transaction of
+        its own with the role's statement timeout: how many events it deleted."""
+
+        async def run() -> int:
+            assert self._conn is not None
+            async with self._conn.transaction():
+                await self._conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+                return len(await self._conn.fetch(sql, days, limit))
+
+        return self.loop.run(run())
 
     # -- RabbitMQ --
 
