@@ -75,12 +75,12 @@ def main() -> int:
     finally:
         bench.close()
     elapsed = time.time() - started
+    by = {s.key: s for s in bench.stages}
+    compared = (("ingest", "ingest, POST /v1/events"), ("delivery", "delivery"))
+    pairs = [(key, what, by.get(f"history_{key}_empty"), by.get(f"history_{key}_history"))
+             for key, what in compared]  # fmt: skip
     if args.history:
-        by = {s.key: s for s in bench.stages}
-        print(history.ratio_lines([
-            (what, by.get(f"history_{key}_empty"), by.get(f"history_{key}_history"))
-            for key, what in (("ingest", "ingest, POST /v1/events"), ("delivery", "delivery"))
-        ]), flush=True)  # fmt: skip
+        print(history.ratio_lines([(what, e, h) for _, what, e, h in pairs]), flush=True)
         if bench.history_result is not None:
             print(history.report(bench.history_result), flush=True)
     elif not args.soak:
@@ -95,6 +95,8 @@ def main() -> int:
         "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
         "samples": bench.samples,
         "history": bench.history_result.as_dict() if bench.history_result is not None else None,
+        "history_ratios": {key: history.stage_ratio(e, h) for key, _, e, h in pairs
+                           if e is not None and h is not None},
     }  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
