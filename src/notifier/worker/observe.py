@@ -84,54 +84,32 @@ class MetricsObserver:
     def __init__(self, metrics: Metrics, channel_type: str) -> None:
         self._metrics = metrics
         metrics.start_channel_type(channel_type)
-        self._type = channel_type
-        self._deferred = metrics.deliveries_deferred.labels(channel_type)
-        self._dead = metrics.deliveries_dead.labels(channel_type)
-        self._duration = metrics.delivery_attempt_duration.labels(channel_type)
-        self._latency = metrics.delivery_latency.labels(channel_type)
-        self._attempts: dict[str, Any] = {}
+        self._children: dict[tuple[int | str, ...], Any] = {}
 
-    def _attempts_of(self, outcome: str) -> Any:
-        child = self._attempts.get(outcome)
+    def _child(self, series: Any, *labels: str) -> Any:
+        """``series.labels(*labels)``, kept by the series (the process's own, for its life)
+        and the label values."""
+        key: tuple[int | str, ...] = (id(series), *labels)
+        child = self._children.get(key)
         if child is None:
-            child = self._metrics.delivery_attempts.labels(self._type, outcome)
-            self._attempts[outcome] = child
+            child = self._children[key] = series.labels(*labels)
         return child
 
     def observe(self, outcome: Outcome) -> None:
-        if outcome.channel_type != self._type:  # not the group's own: looked up as it comes
-            _observe_metrics(self._metrics, outcome)
-            return
+        m, kind = self._metrics, outcome.channel_type
         if outcome.outcome == DEFERRED:
-            self._deferred.inc()
+            self._child(m.deliveries_deferred, kind).inc()
             return
         if not outcome.recorded or outcome.message is None:
             return
-        self._attempts_of(outcome.outcome).inc()
+        self._child(m.delivery_attempts, kind, outcome.outcome).inc()
         if outcome.duration_ms is not None:
-            self._duration.observe(outcome.duration_ms / 1000)
+            self._child(m.delivery_attempt_duration, kind).observe(outcome.duration_ms / 1000)
         if outcome.status == "DEAD":
-            self._dead.inc()
+            self._child(m.deliveries_dead, kind).inc()
         elif outcome.status == "DELIVERED":
-            self._latency.observe(seconds_between(outcome.message.created_at, outcome.finished_at))
-
-
-def _observe_metrics(m: Metrics, outcome: Outcome) -> None:
-    """``MetricsObserver.observe`` with every child looked up by its labels."""
-    kind = outcome.channel_type
-    if outcome.outcome == DEFERRED:
-        m.deliveries_deferred.labels(kind).inc()
-        return
-    if not outcome.recorded or outcome.message is None:
-        return
-    m.delivery_attempts.labels(kind, outcome.outcome).inc()
-    if outcome.duration_ms is not None:
-        m.delivery_attempt_duration.labels(kind).observe(outcome.duration_ms / 1000)
-    if outcome.status == "DEAD":
-        m.deliveries_dead.labels(kind).inc()
-    elif outcome.status == "DELIVERED":
-        latency = seconds_between(outcome.message.created_at, outcome.finished_at)
-        m.delivery_latency.labels(kind).observe(latency)
+            latency = seconds_between(outcome.message.created_at, outcome.finished_at)
+            self._child(m.delivery_latency, kind).observe(latency)
 
 
 class LogObserver:

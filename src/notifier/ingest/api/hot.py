@@ -42,9 +42,8 @@ from notifier.ingest.api.auth import authenticate
 from notifier.ingest.api.context import ApiContext, context_of
 from notifier.ingest.api.errors import error_parts
 from notifier.ingest.api.events import store_batch, store_event
-from notifier.ingest.api.http import check_json_type, decode_body
+from notifier.ingest.api.http import check_json_type, decode_body, error_body
 from notifier.ingest.models import BatchIn, EventIn
-from notifier.ingest.views import ErrorBody, ErrorDetail
 
 ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
@@ -111,10 +110,6 @@ class _Body:
         return self.refused is None
 
 
-def _error_body(code: str, message: str) -> bytes:
-    return msgspec.json.encode(ErrorBody(error=ErrorDetail(code=code, message=message)))
-
-
 class IngestRoutes:
     """The ASGI app handed to the server: the two ingest routes here, the rest to ``app``."""
 
@@ -170,7 +165,7 @@ class IngestRoutes:
                 raise
             except Exception as exc:
                 status, code, message, headers = error_parts(exc)
-                payload = _error_body(code, message)
+                payload = error_body(code, message)
             keep_alive = await body.finish()
         except _ClientGone:
             return

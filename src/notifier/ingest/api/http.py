@@ -41,10 +41,18 @@ def json_response(
     )  # fmt: skip
 
 
+def error_body(code: str, message: str) -> bytes:
+    """The one error-body shape, ``{"error": {"code": ..., "message": ...}}``, encoded."""
+    return msgspec.json.encode(ErrorBody(error=ErrorDetail(code=code, message=message)))
+
+
 def error_response(
     status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return json_response(ErrorBody(error=ErrorDetail(code=code, message=message)), status, headers)
+    return Response(
+        error_body(code, message), status=status, headers=dict(headers or {}),
+        content_type="application/json",
+    )  # fmt: skip
 
 
 # msgspec's words for a float where an integer goes, and the path it gives (fields and indexes).
