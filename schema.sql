@@ -83,39 +83,67 @@ $$;
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
 
+-- The history: events, their deliveries and the deliveries' attempts, partitioned by day (UTC)
+-- on the event's creation time. A delivery's `created_at` is its event's and an attempt's
+-- `delivery_created_at` its delivery's, so one day of history is three partitions
+-- (`events_pYYYYMMDD`, `deliveries_pYYYYMMDD`, `delivery_attempts_pYYYYMMDD`), created ahead by
+-- notifier_partitions_ensure (`notifier migrate` and every maintenance pass) and dropped
+-- together by retention (notifier_partition_drop) once past `retention_days` with no delivery
+-- unfinished: no row is deleted one by one. There is no foreign key between the three: one to a
+-- partitioned table would make every drop scan the tables that refer to it; notifier's own
+-- statements write an event with its deliveries, and retention drops them together. A database
+-- converted from the unpartitioned tables (migrations/0008) holds their rows in one more
+-- partition of each, `<table>_legacy`, from the beginning of time to the conversion, dropped the
+-- same way once the conversion is `retention_days` old. docs/architecture.md §3.
 CREATE TABLE IF NOT EXISTS events (
-    id               uuid PRIMARY KEY,
-    tenant_id        uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    id               uuid NOT NULL,
+    tenant_id        uuid NOT NULL
+                     CONSTRAINT events_tenant_id_fkey REFERENCES tenants (id) ON DELETE CASCADE,
     type             text NOT NULL,
     recipient        text NULL,
     payload          jsonb NOT NULL,
-    idempotency_key  text NULL,
+    idempotency_key  text NULL,                  -- unique per tenant: event_keys holds it
     request_hash     text NULL,                  -- hash of the request body, to tell a replay from a conflict
     created_at       timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (tenant_id, idempotency_key)
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+
+-- An event's idempotency key, unique per tenant for as long as the event is kept: a unique index
+-- of a partitioned table must hold its partition key, so the keys have a table of their own,
+-- written in the same statement as their events. Maintenance deletes the keys of the days it has
+-- dropped, in batches (the one row-by-row DELETE of the history: only keys, 4 small columns).
+CREATE TABLE IF NOT EXISTS event_keys (
+    tenant_id        uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
+    idempotency_key  text NOT NULL,
+    event_id         uuid NOT NULL,
+    created_at       timestamptz NOT NULL,       -- the event's
+    PRIMARY KEY (tenant_id, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS events_created_idx ON events (created_at);
+CREATE INDEX IF NOT EXISTS event_keys_created_idx ON event_keys (created_at);
 
 CREATE TABLE IF NOT EXISTS deliveries (
-    id               uuid PRIMARY KEY,
-    event_id         uuid NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+    id               uuid NOT NULL,
+    event_id         uuid NOT NULL,
     channel_id       uuid NOT NULL,              -- no FK: deleting a channel keeps its delivery history
     tenant_id        uuid NOT NULL,
     channel_type     text NOT NULL,
     status           text NOT NULL DEFAULT 'PENDING'
+                     CONSTRAINT deliveries_status_check
                      CHECK (status IN ('PENDING', 'RETRYING', 'DELIVERED', 'DEAD')),
     attempt          integer NOT NULL DEFAULT 0,  -- attempts made so far
     max_attempts     integer NOT NULL,
     last_error       text NULL,
     next_attempt_at  timestamptz NULL,
     delivered_at     timestamptz NULL,
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    updated_at       timestamptz NOT NULL DEFAULT now()
-);
+    created_at       timestamptz NOT NULL DEFAULT now(),  -- the event's created_at
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
 CREATE INDEX IF NOT EXISTS deliveries_event_idx ON deliveries (event_id);
 CREATE INDEX IF NOT EXISTS deliveries_list_idx ON deliveries (tenant_id, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS deliveries_channel_idx ON deliveries (channel_id, created_at DESC, id DESC);
--- Deliveries that are not finished yet: what an operator (and the reconciler) looks for.
+-- Deliveries that are not finished yet: what an operator (and the reconciler) looks for, and
+-- what retention asks a day's partition before it drops it.
 CREATE INDEX IF NOT EXISTS deliveries_open_idx ON deliveries (updated_at)
     WHERE status IN ('PENDING', 'RETRYING');
 -- Dead deliveries in age order, per tenant: what `GET /v1/deliveries?status=DEAD` and a replay
@@ -124,59 +152,100 @@ CREATE INDEX IF NOT EXISTS deliveries_dead_idx ON deliveries (tenant_id, created
     WHERE status = 'DEAD';
 
 CREATE TABLE IF NOT EXISTS delivery_attempts (
-    id                bigserial PRIMARY KEY,
-    delivery_id       uuid NOT NULL REFERENCES deliveries (id) ON DELETE CASCADE,
-    attempt           integer NOT NULL,
-    started_at        timestamptz NOT NULL,
-    duration_ms       integer NOT NULL,
-    outcome           text NOT NULL
-                      CONSTRAINT delivery_attempts_outcome_check
-                      CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic',
-                                         'replayed', 'deferred')),
-    status_code       integer NULL,
-    error             text NULL,
-    response_excerpt  text NULL CHECK (octet_length(response_excerpt) <= 2048)
-);
+    id                   bigserial NOT NULL,
+    delivery_id          uuid NOT NULL,
+    attempt              integer NOT NULL,
+    started_at           timestamptz NOT NULL,
+    duration_ms          integer NOT NULL,
+    outcome              text NOT NULL
+                         CONSTRAINT delivery_attempts_outcome_check
+                         CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic',
+                                            'replayed', 'deferred')),
+    status_code          integer NULL,
+    error                text NULL,
+    response_excerpt     text NULL
+                         CONSTRAINT delivery_attempts_response_excerpt_check
+                         CHECK (octet_length(response_excerpt) <= 2048),
+    delivery_created_at  timestamptz NOT NULL,   -- the delivery's created_at (its partition)
+    PRIMARY KEY (id, delivery_created_at)
+) PARTITION BY RANGE (delivery_created_at);
 CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
 -- A delivery's latest replay, which the worker reads with every message (delivery_states):
 -- the replays alone, so a delivery never replayed costs one empty probe.
 CREATE INDEX IF NOT EXISTS delivery_attempts_replays_idx ON delivery_attempts (delivery_id, attempt)
     WHERE outcome = 'replayed' AND error IS NULL;
--- 'replayed' (an operator enqueued a finished delivery again) came after the first schema: widen
--- an older check once, without rescanning the table on every migrate.
-DO $$
+
+-- The partitions of the days `first_day` to `last_day` (UTC) of each history table, those not
+-- there yet; returns how many it made. A day that overlaps a partition already there (the legacy
+-- partition of a converted database ends in the middle of its day of conversion) is skipped.
+CREATE OR REPLACE FUNCTION notifier_partitions_ensure(first_day date, last_day date)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    day date;
+    tab text;
+    made integer := 0;
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_constraint
-        WHERE conname = 'delivery_attempts_outcome_check'
-          AND pg_get_constraintdef(oid) LIKE '%replayed%'
-    ) THEN
-        ALTER TABLE delivery_attempts DROP CONSTRAINT IF EXISTS delivery_attempts_outcome_check;
-        ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
-            CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed'))
-            NOT VALID;
-    END IF;
+    FOR day IN SELECT generate_series(first_day, last_day, interval '1 day')::date LOOP
+        FOREACH tab IN ARRAY ARRAY['events', 'deliveries', 'delivery_attempts'] LOOP
+            CONTINUE WHEN to_regclass(format('%I', tab || to_char(day, '"_p"YYYYMMDD')))
+                          IS NOT NULL;
+            BEGIN
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                               tab || to_char(day, '"_p"YYYYMMDD'), tab,
+                               day::timestamp AT TIME ZONE 'UTC',
+                               (day + 1)::timestamp AT TIME ZONE 'UTC');
+                made := made + 1;
+            EXCEPTION WHEN invalid_object_definition THEN  -- overlaps a partition there
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN made;
 END;
 $$;
 
--- 'deferred' (not attempted: the destination's circuit was open) came with the circuit breaker
--- (migrations/0005).
-DO $$
+-- The days of history: each events partition (its suffix, `_pYYYYMMDD` or `_legacy`) with the
+-- range it holds, oldest first.
+CREATE OR REPLACE FUNCTION notifier_history_partitions()
+RETURNS TABLE (suffix text, from_time timestamptz, to_time timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT substr(c.relname::text, length('events') + 1),
+           CASE WHEN b.bound ~ 'FROM \(MINVALUE\)' THEN '-infinity'::timestamptz
+                ELSE substring(b.bound FROM 'FROM \(''([^'']+)''\)')::timestamptz END,
+           substring(b.bound FROM 'TO \(''([^'']+)''\)')::timestamptz
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid,
+    LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS bound) b
+    WHERE i.inhparent = 'events'::regclass
+    ORDER BY 3
+$$;
+
+-- Drop one day of history (the partitions of suffix `suffix` of the three tables) if none of its
+-- deliveries is unfinished; true when dropped. The three parents are locked first, in the order
+-- every statement takes them, so the check and the drop see the same rows and nothing waits in
+-- a cycle; the caller bounds the wait with lock_timeout. The day's idempotency keys are left to
+-- notifier_event_keys_cleanup.
+CREATE OR REPLACE FUNCTION notifier_partition_drop(suffix text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    unfinished boolean;
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_constraint
-        WHERE conname = 'delivery_attempts_outcome_check'
-          AND pg_get_constraintdef(oid) LIKE '%deferred%'
-    ) THEN
-        ALTER TABLE delivery_attempts DROP CONSTRAINT IF EXISTS delivery_attempts_outcome_check;
-        ALTER TABLE delivery_attempts ADD CONSTRAINT delivery_attempts_outcome_check
-            CHECK (outcome IN ('delivered', 'retry', 'rate_limited', 'dead', 'panic', 'replayed',
-                               'deferred'))
-            NOT VALID;
-        ALTER TABLE delivery_attempts VALIDATE CONSTRAINT delivery_attempts_outcome_check;
+    LOCK TABLE events, deliveries, delivery_attempts IN ACCESS EXCLUSIVE MODE;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE status IN (''PENDING'', ''RETRYING''))',
+                   'deliveries' || suffix)
+        INTO unfinished;
+    IF unfinished THEN
+        RETURN false;
     END IF;
+    EXECUTE format('DROP TABLE %I, %I, %I', 'delivery_attempts' || suffix,
+                   'deliveries' || suffix, 'events' || suffix);
+    RETURN true;
 END;
 $$;
+
+SELECT notifier_partitions_ensure((now() AT TIME ZONE 'UTC')::date,
+                                  (now() AT TIME ZONE 'UTC')::date + 7);
 
 -- The transactional outbox. A row is written in the same transaction as its delivery and deleted
 -- by the relay only after RabbitMQ confirmed the publish. `publish_failures` counts publishes the

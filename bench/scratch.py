@@ -169,13 +169,14 @@ class Scratch:
         )  # fmt: skip
         self.execute(
             "INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, "
-            "max_attempts) SELECT gen_random_uuid(), e.id, $1, e.tenant_id, 'webhook', 5 "
-            "FROM events e WHERE e.type = $2 AND e.created_at >= $3",
+            "max_attempts, created_at) SELECT gen_random_uuid(), e.id, $1, e.tenant_id, "
+            "'webhook', 5, e.created_at FROM events e WHERE e.type = $2 AND e.created_at >= $3",
             self.channel_id, event_type, self.since,
         )  # fmt: skip
         rows = self.fetch(
             "SELECT notifier_worker_message(d, e, c.config, 1) AS body FROM deliveries d "
-            "JOIN events e ON e.id = d.event_id JOIN channels c ON c.id = d.channel_id "
+            "JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at "
+            "JOIN channels c ON c.id = d.channel_id "
             "WHERE e.type = $1 AND e.created_at >= $2",
             event_type, self.since,
         )  # fmt: skip

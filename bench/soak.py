@@ -90,8 +90,13 @@ def soak(
             # delivered events (and their deliveries and attempts) go: the database stays small
             for kind in chunks[:-2]:
                 s.execute(
-                    "DELETE FROM events e WHERE e.type = $1 AND NOT EXISTS (SELECT 1 FROM "
-                    "deliveries d WHERE d.event_id = e.id AND d.status <> 'DELIVERED')",
+                    "WITH gone AS (SELECT e.id FROM events e WHERE e.type = $1 AND NOT EXISTS "
+                    "(SELECT 1 FROM deliveries d WHERE d.event_id = e.id "
+                    "AND d.status <> 'DELIVERED')), "
+                    "a AS (DELETE FROM delivery_attempts a USING deliveries d, gone g "
+                    "WHERE a.delivery_id = d.id AND d.event_id = g.id), "
+                    "d AS (DELETE FROM deliveries d USING gone g WHERE d.event_id = g.id) "
+                    "DELETE FROM events e USING gone g WHERE e.id = g.id",
                     kind,
                 )
         time.sleep(0.2)

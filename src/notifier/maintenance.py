@@ -8,8 +8,12 @@ Every ``interval_seconds`` one pass:
   queue, a broker that lost its data, a message dead-lettered by the delivery limit); a copy
   that was merely slow is deduplicated by the worker (by the delivery's state), so the worst
   case of a false alarm is one extra delivery, never a lost one.
-- **retention**: events older than ``retention_days`` whose deliveries are all finished are
-  deleted with their deliveries and attempts, in small batches (one short transaction each).
+- **partitions**: the history (events, deliveries, attempts) is partitioned by day; the
+  partitions of today and the ``PARTITION_DAYS_AHEAD`` days after it are made when missing.
+- **retention**: a day of history that ended more than ``retention_days`` ago is dropped, its
+  three partitions at once, when none of its deliveries is unfinished; a day with an unfinished
+  one is kept (and counted: ``notifier_history_days_overdue``) until it finishes. Then the
+  idempotency keys of the events dropped are deleted in batches.
 - **outbox hygiene**: outbox rows whose delivery is finished or gone are deleted; rows the
   broker keeps refusing are reported.
 - **rate buckets**: shared rate-limit buckets full again for a minute are deleted (a new bucket
@@ -33,6 +37,7 @@ import trio
 
 from notifier.config import MaintenanceConfig
 from notifier.lifecycle import Stop
+from notifier.store.maintenance import PARTITION_DAYS_AHEAD
 
 log = logging.getLogger("notifier.maintenance")
 
@@ -46,7 +51,11 @@ REFUSED_WARNING_AFTER = 6
 class MaintenanceStore(Protocol):
     async def reconcile(self, *, stuck_after_seconds: float, limit: int) -> list[uuid.UUID]: ...
 
-    async def delete_expired(self, *, retention_days: int, limit: int) -> int: ...
+    async def ensure_partitions(self, *, days_ahead: int) -> int: ...
+
+    async def drop_expired_days(self, *, retention_days: int) -> tuple[list[str], list[str]]: ...
+
+    async def clean_event_keys(self, *, retention_days: int, limit: int) -> int: ...
 
     async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]: ...
 
@@ -61,7 +70,10 @@ class PassResult(msgspec.Struct, kw_only=True):
     """What one maintenance pass did."""
 
     reenqueued: int = 0
-    expired: int = 0
+    partitions_made: int = 0
+    days_dropped: int = 0
+    days_kept: int = 0
+    keys_expired: int = 0
     outbox_cleaned: int = 0
     outbox_refused: int = 0
     rate_buckets_cleaned: int = 0
@@ -72,7 +84,7 @@ class PassResult(msgspec.Struct, kw_only=True):
 async def maintenance_pass(
     config: MaintenanceConfig, store: MaintenanceStore, stop: Stop | None = None
 ) -> PassResult:
-    """Trio-flavoured. One pass of reconciler, retention and outbox hygiene."""
+    """Trio-flavoured. One pass of reconciler, partitions, retention and outbox hygiene."""
     result = PassResult()
     size = config.batch_size
 
@@ -89,17 +101,28 @@ async def maintenance_pass(
             "reconciler: %d stuck deliveries (due over %g s ago, no message in the outbox) "
             "enqueued again", result.reenqueued, config.stuck_after_seconds,
         )  # fmt: skip
-    if config.retention_days > 0:
+    result.partitions_made = await store.ensure_partitions(days_ahead=PARTITION_DAYS_AHEAD)
+    if result.partitions_made:
+        log.info("partitions: made %d for the days to come", result.partitions_made)
+    if config.retention_days > 0 and not stopping():
+        dropped, kept = await store.drop_expired_days(retention_days=config.retention_days)
+        result.days_dropped, result.days_kept = len(dropped), len(kept)
+        if dropped:
+            log.info("retention: dropped the history of %s (older than %d days)",
+                     ", ".join(d.lstrip("_") for d in dropped), config.retention_days)  # fmt: skip
+        if kept:
+            log.warning(
+                "retention: kept the history of %s, past %d days: a delivery of it is not "
+                "finished yet (or its tables were busy); it is dropped once it is",
+                ", ".join(d.lstrip("_") for d in kept), config.retention_days,
+            )  # fmt: skip
         for _ in range(MAX_BATCHES_PER_PASS):
             if stopping():
                 break
-            deleted = await store.delete_expired(retention_days=config.retention_days, limit=size)
-            result.expired += deleted
+            deleted = await store.clean_event_keys(retention_days=config.retention_days, limit=size)
+            result.keys_expired += deleted
             if deleted < size:
                 break
-        if result.expired:
-            log.info("retention: deleted %d events older than %d days",
-                     result.expired, config.retention_days)  # fmt: skip
     result.outbox_cleaned, result.outbox_refused = await store.clean_outbox(
         limit=size, refused_after=REFUSED_WARNING_AFTER
     )

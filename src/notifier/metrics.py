@@ -122,6 +122,17 @@ class _ScrapeTime(Collector):
                 "Seconds since the open delivery that changed least recently last changed.",
             ),
             GaugeMetricFamily(
+                "notifier_history_days_overdue",
+                "Days of history (events, deliveries, attempts) that ended more than "
+                "maintenance.retention_days ago and are still kept: a delivery of theirs is not "
+                "finished, or no maintenance role runs (read from Postgres).",
+            ),
+            GaugeMetricFamily(
+                "notifier_history_partitions_ahead_seconds",
+                "How far ahead of now the history's daily partitions reach; maintenance keeps "
+                "7 days made ahead, and ingest fails once it reaches 0 (read from Postgres).",
+            ),
+            GaugeMetricFamily(
                 "notifier_destination_circuit_state",
                 "A destination's circuit breaker: 0 closed, 1 open, 2 half-open (read from "
                 "Postgres; those not closed or changed in the last 10 minutes).",
@@ -141,7 +152,7 @@ class _ScrapeTime(Collector):
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        outbox, open_, oldest, circuits, broker_up, queues = self._families()
+        outbox, open_, oldest, overdue, ahead, circuits, broker_up, queues = self._families()
         if (s := self.snapshot) is not None:
             outbox.add_metric([], s.outbox_depth)
             open_.add_metric(["PENDING"], s.pending)
@@ -151,6 +162,10 @@ class _ScrapeTime(Collector):
             # No open delivery: the oldest is no age at all.
             oldest.add_metric([], s.oldest_open_age_seconds or 0.0)
             yield oldest
+            overdue.add_metric([], s.history_days_overdue)
+            ahead.add_metric([], s.history_ahead_seconds)
+            yield overdue
+            yield ahead
             for channel_type, destination, state in s.circuits:
                 circuits.add_metric([channel_type, destination], CIRCUIT_STATE_VALUES[state])
             if s.circuits:

@@ -24,7 +24,7 @@ from notifier import service
 from notifier.config import Config, parse_config
 from notifier.ingest.tenants import hash_api_key
 from notifier.lifecycle import Stop
-from notifier.store.versions import apply_missing
+from notifier.store.versions import MIGRATIONS, apply_missing
 from notifier.testing import Received
 
 PG_ADMIN = os.environ.get("TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -138,6 +138,13 @@ async def sql(url: str, query: str, *args: Any) -> list[Any]:
             await conn.close()
 
     return await trio.to_thread.run_sync(asyncio.run, run())
+
+
+async def make_pre_versions_database(url: str) -> None:
+    """Turn the database at ``url`` into one of a release from before schema versions were
+    recorded: what migrations/0001_initial.sql makes, nothing else (no schema_migrations)."""
+    for statement in ("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", MIGRATIONS[0].sql):
+        await trio.to_thread.run_sync(_pg, statement, url)
 
 
 async def poll(check: Callable[[], Awaitable[bool]], *, interval_seconds: float = 0.05) -> None:

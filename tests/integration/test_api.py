@@ -1026,9 +1026,10 @@ async def test_get_delivery_includes_its_attempts(api: Api) -> None:
         api.db,
         """INSERT INTO delivery_attempts
                (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error,
-                response_excerpt)
-           VALUES ($1, 1, now() - interval '1 minute', 40, 'retry', 503, 'HTTP 503', NULL),
-                  ($1, 2, now(), 12, 'delivered', 200, NULL, '{"ok": true}')""",
+                response_excerpt, delivery_created_at)
+           SELECT $1, a.*, (SELECT created_at FROM deliveries WHERE id = $1)
+           FROM (VALUES (1, now() - interval '1 minute', 40, 'retry', 503, 'HTTP 503', NULL),
+                        (2, now(), 12, 'delivered', 200, NULL, '{"ok": true}')) AS a""",
         did,
     )
     await sql(

@@ -10,6 +10,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -182,3 +183,96 @@ def test_migration_files_are_numbered_without_gaps(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="NNNN_"):
         load_migrations(tmp_path)
     assert os.path.isdir(ROOT / "src/notifier/store/migrations")
+
+
+def test_the_history_of_a_database_with_rows_is_partitioned_and_keeps_them(empty_db: str) -> None:
+    # A database as migrations 0001-0007 left it, with history in it: an old finished delivery,
+    # a recent one still retrying, their attempts, an idempotency key.
+    migrate(empty_db, MIGRATIONS[:7])
+    tenant, channel = uuid.uuid4(), uuid.uuid4()
+    e_old, e_new, d_old, d_new = (uuid.uuid4() for _ in range(4))
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(empty_db)
+        try:
+            await conn.execute(
+                "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'old', 'h')", tenant
+            )
+            await conn.executemany(
+                "INSERT INTO events (id, tenant_id, type, payload, idempotency_key, created_at) "
+                "VALUES ($1, $2, 'order.created', '{\"n\": 1}', $3, now() - $4 * interval '1 day')",
+                [(e_old, tenant, "k-old", 40), (e_new, tenant, None, 1)],
+            )
+            await conn.executemany(
+                "INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, "
+                "max_attempts, status, created_at) SELECT $1, id, $2, tenant_id, 'webhook', 5, "
+                "$3, created_at FROM events WHERE id = $4",
+                [(d_old, channel, "DELIVERED", e_old), (d_new, channel, "RETRYING", e_new)],
+            )
+            await conn.execute(
+                "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, "
+                "outcome, status_code) VALUES ($1, 1, now(), 3, 'delivered', 200), "
+                "($2, 1, now(), 3, 'retry', 503)", d_old, d_new,
+            )  # fmt: skip
+        finally:
+            await conn.close()
+
+    asyncio.run(setup())
+    assert migrate(empty_db) == ["partitioned_history"]
+    assert state(empty_db).status == "current"
+
+    async def check() -> None:
+        conn = await asyncpg.connect(empty_db)
+        try:
+            kinds = await conn.fetch(
+                "SELECT relname::text, relkind::text FROM pg_class WHERE relname = ANY($1)",
+                ["events", "deliveries", "delivery_attempts", "events_legacy"],
+            )
+            assert dict(kinds) == {"events": "p", "deliveries": "p", "delivery_attempts": "p",
+                                   "events_legacy": "r"}  # fmt: skip
+            # The rows are where they were, read through the partitioned tables.
+            assert [r[0] for r in await conn.fetch("SELECT id FROM events ORDER BY created_at")] \
+                == [e_old, e_new]  # fmt: skip
+            assert await conn.fetchval("SELECT count(*) FROM events_legacy") == 2
+            assert await conn.fetchval("SELECT count(*) FROM deliveries_legacy") == 2
+            assert await conn.fetchval("SELECT count(*) FROM delivery_attempts") == 2
+            # The key still holds.
+            assert await conn.fetchval(
+                "SELECT event_id FROM event_keys "
+                "WHERE tenant_id = $1 AND idempotency_key = 'k-old'", tenant,
+            ) == e_old  # fmt: skip
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(
+                    "INSERT INTO event_keys VALUES ($1, 'k-old', gen_random_uuid(), now())", tenant
+                )
+            # The old delivery's next attempt joins the legacy partition; ids go on.
+            old_max = await conn.fetchval("SELECT max(id) FROM delivery_attempts")
+            await conn.execute(
+                "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, "
+                "outcome, delivery_created_at) SELECT id, 2, now(), 3, 'delivered', created_at "
+                "FROM deliveries WHERE id = $1", d_new,
+            )  # fmt: skip
+            assert await conn.fetchval(
+                "SELECT tableoid::regclass::text FROM delivery_attempts WHERE id > $1", old_max
+            ) == "delivery_attempts_legacy"  # fmt: skip
+            # A new event goes into today's partition.
+            await conn.execute(
+                "INSERT INTO events (id, tenant_id, type, payload) "
+                "VALUES (gen_random_uuid(), $1, 'x', '{}')", tenant,
+            )  # fmt: skip
+            today = datetime.now(UTC).strftime("events_p%Y%m%d")
+            assert await conn.fetchval(
+                "SELECT tableoid::regclass::text FROM events WHERE type = 'x'"
+            ) == today  # fmt: skip
+            # Retention keeps the legacy partition while a delivery of it is unfinished, then
+            # drops it whole.
+            assert await conn.fetchval("SELECT notifier_partition_drop('_legacy')") is False
+            await conn.execute("UPDATE deliveries SET status = 'DELIVERED' WHERE id = $1", d_new)
+            assert await conn.fetchval("SELECT notifier_partition_drop('_legacy')") is True
+            assert await conn.fetchval("SELECT to_regclass('events_legacy')") is None
+            assert await conn.fetchval("SELECT count(*) FROM events") == 1
+            assert await conn.fetchval("SELECT count(*) FROM delivery_attempts") == 0
+        finally:
+            await conn.close()
+
+    asyncio.run(check())

@@ -137,8 +137,9 @@ async def test_a_replay_recorded_before_the_numbers_kept_increasing_keeps_the_fu
         await sql(database_url, "UPDATE deliveries SET status = 'DEAD', attempt = 3")
         await sql(database_url, """
             INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome,
-                                           error)
-            SELECT $1, n, now(), 0, outcome, error
+                                           error, delivery_created_at)
+            SELECT $1, n, now(), 0, outcome, error,
+                   (SELECT created_at FROM deliveries WHERE id = $1)
             FROM unnest(ARRAY[1, 2, 3, 3, 1, 2, 3],
                         ARRAY['retry', 'retry', 'dead', 'replayed', 'retry', 'retry', 'dead'],
                         ARRAY['HTTP 500', 'HTTP 500', 'HTTP 500',
@@ -473,14 +474,35 @@ async def test_the_reconciler_delivers_what_the_broker_lost(
     verify_all(sink.received, SECRET)
 
 
-async def test_retention_deletes_old_finished_events_only_and_hygiene_cleans_the_outbox(
+async def move_to_day(url: str, delivery_id: str, days_ago: int) -> None:
+    """Move a delivery, its event, its attempts and its event's key to noon (UTC) ``days_ago``
+    days back, into that day's partitions (made first): as if it had been accepted then."""
+    await sql(url, "SELECT notifier_partitions_ensure($1::date, $1::date)",
+              datetime.now(UTC).date() - timedelta(days=days_ago))  # fmt: skip
+    at = datetime.combine(
+        datetime.now(UTC).date() - timedelta(days=days_ago), datetime.min.time(), UTC
+    ) + timedelta(hours=12)
+    (event_id,) = (await sql(url, "SELECT event_id FROM deliveries WHERE id = $1",
+                             uuid.UUID(delivery_id)))[0]  # fmt: skip
+    await sql(url, "UPDATE delivery_attempts SET delivery_created_at = $2 WHERE delivery_id IN "
+                   "(SELECT id FROM deliveries WHERE event_id = $1)", event_id, at)  # fmt: skip
+    await sql(url, "UPDATE deliveries SET created_at = $2 WHERE event_id = $1", event_id, at)
+    await sql(url, "UPDATE events SET created_at = $2 WHERE id = $1", event_id, at)
+    await sql(url, "UPDATE event_keys SET created_at = $2 WHERE event_id = $1", event_id, at)
+
+
+def day_suffix(days_ago: int) -> str:
+    return (datetime.now(UTC).date() - timedelta(days=days_ago)).strftime("_p%Y%m%d")
+
+
+async def test_retention_drops_old_finished_days_only_and_hygiene_cleans_the_outbox(
     database_url: str, broker_url: str
 ) -> None:
     config = make_config(database_url, broker_url, maintenance={"retention_days": 30})
     key = await create_tenant(database_url)
     async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
         await create_channel(api, "http://127.0.0.1:9/hook")
-        (old_done,) = await post_event(api)
+        (old_done,) = await post_event(api, idempotency_key="k-old")
         (old_open,) = await post_event(api)
         (new_done,) = await post_event(api)
     for d in (old_done, new_done):
@@ -489,25 +511,51 @@ async def test_retention_deletes_old_finished_events_only_and_hygiene_cleans_the
     await sql(
         database_url,
         """
-        INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome)
-        SELECT id, 1, now(), 1, 'delivered' FROM deliveries WHERE status = 'DELIVERED'""",
+        INSERT INTO delivery_attempts
+            (delivery_id, attempt, started_at, duration_ms, outcome, delivery_created_at)
+        SELECT id, 1, now(), 1, 'delivered', created_at FROM deliveries
+        WHERE status = 'DELIVERED'""",
     )
-    for d in (old_done, old_open):
-        await sql(database_url, """UPDATE events SET created_at = now() - interval '31 days'
-                                   WHERE id = (SELECT event_id FROM deliveries WHERE id = $1)""",
-                  uuid.UUID(d))  # fmt: skip
+    await move_to_day(database_url, old_done, 32)
+    await move_to_day(database_url, old_open, 31)
     await sql(database_url, "UPDATE outbox SET created_at = now() - interval '2 minutes'")
 
     async with connected(database_url) as store:
+        assert (await store.metrics_snapshot(30)).history_days_overdue == 2
         result = await maintenance_pass(config.maintenance, store)
-    assert (result.expired, result.reenqueued) == (1, 0)
+        # The day of the finished delivery is dropped whole; the day of the unfinished one is
+        # kept, however old, and said to be overdue.
+        assert (result.days_dropped, result.days_kept, result.reenqueued) == (1, 1, 0)
+        assert (await store.metrics_snapshot(30)).history_days_overdue == 1
+    tables = {
+        r[0]
+        for r in await sql(
+            database_url, "SELECT relname::text FROM pg_class WHERE relname ~ '_p[0-9]{8}$'"
+        )
+    }
+    history = ("events", "deliveries", "delivery_attempts")
+    assert not {f"{t}{day_suffix(32)}" for t in history} & tables
+    assert f"deliveries{day_suffix(31)}" in tables
     remaining = {str(r[0]) for r in await sql(database_url, "SELECT id FROM deliveries")}
-    assert remaining == {old_open, new_done}  # old but unfinished is kept
+    assert remaining == {old_open, new_done}
     assert await scalar(database_url, "SELECT count(*) FROM delivery_attempts") == 1
-    # the outbox rows of the deleted and of the finished delivery are gone; the open one stays
+    assert await scalar(database_url, "SELECT count(*) FROM events") == 2
+    # The dropped event's idempotency key went after it: the key is free again.
+    assert result.keys_expired == 1
+    assert await scalar(database_url, "SELECT count(*) FROM event_keys") == 0
+    # the outbox rows of the dropped and of the finished delivery are gone; the open one stays
     assert result.outbox_cleaned == 2
     kept = [str(r[0]) for r in await sql(database_url, "SELECT delivery_id FROM outbox")]
     assert kept == [old_open]
+
+    # Once the old delivery is finished, its day goes on the next pass.
+    await sql(database_url, "UPDATE deliveries SET status = 'DEAD' WHERE id = $1",
+              uuid.UUID(old_open))  # fmt: skip
+    async with connected(database_url) as store:
+        result = await maintenance_pass(config.maintenance, store)
+        assert (result.days_dropped, result.days_kept) == (1, 0)
+        assert (await store.metrics_snapshot(30)).history_days_overdue == 0
+    assert {str(r[0]) for r in await sql(database_url, "SELECT id FROM deliveries")} == {new_done}
 
 
 # -- ingest rate limit ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import trio
 
 from notifier.ratelimit import Bucket, RefillingBucket, TokenBucket
 from notifier.store import open_store
-from tests.integration.conftest import scalar, sql
+from tests.integration.conftest import make_pre_versions_database, scalar, sql
 from tests.integration.test_cli import config_file, notifier
 from tests.pgbouncer import pgbouncer_instance
 
@@ -163,6 +163,7 @@ async def test_migrate_adds_the_limits_to_an_older_database(
     tmp_path: Path, database_url: str
 ) -> None:
     tenant, channel = uuid.uuid4(), uuid.uuid4()
+    await make_pre_versions_database(database_url)  # a release before versions were kept
     await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
               tenant)  # fmt: skip
     await sql(
@@ -176,7 +177,6 @@ async def test_migrate_adds_the_limits_to_an_older_database(
         "DROP FUNCTION notifier_rate_admit",
         "DROP FUNCTION notifier_rate_lock",
         "ALTER TABLE channels DROP COLUMN rate_limit_per_second",
-        "DROP TABLE schema_migrations",  # a database of a release before versions were kept
     ):
         await sql(database_url, statement)
     done = notifier("migrate", "--config", str(config_file(tmp_path, database_url)))
@@ -286,11 +286,13 @@ async def test_migrate_raises_a_channel_rate_below_one_an_hour_and_checks_it_fro
               tenant)  # fmt: skip
     with pytest.raises(asyncpg.CheckViolationError):  # a new database refuses it
         await sql(database_url, add, slow, tenant, 1e-20)
+    await make_pre_versions_database(database_url)  # a release before versions were kept
+    await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
+              tenant)  # fmt: skip
     for statement in (  # the check of a database from before the minimum
         "ALTER TABLE channels DROP CONSTRAINT channels_rate_limit_per_second_check",
         "ALTER TABLE channels ADD CONSTRAINT channels_rate_limit_per_second_check"
         " CHECK (rate_limit_per_second IS NULL OR rate_limit_per_second > 0)",
-        "DROP TABLE schema_migrations",  # a release before versions were kept
     ):
         await sql(database_url, statement)
     await sql(database_url, add, slow, tenant, 1e-20)

@@ -15,7 +15,7 @@ import pytest
 
 from notifier.messages import WorkerMessage, decode_message
 from notifier.testing import pattern_matches
-from tests.integration.conftest import scalar, sql
+from tests.integration.conftest import make_pre_versions_database, scalar, sql
 from tests.integration.test_cli import config_file, notifier
 from tests.unit.test_fanout import PATTERN_CASES
 
@@ -124,13 +124,13 @@ async def test_migrate_adds_the_functions_to_an_older_database(
     tmp_path: Path, database_url: str
 ) -> None:
     functions = ("notifier_type_matches", "notifier_channel_state", "notifier_worker_message")
-    # a database from before the functions (the tables stay as they are, with their rows), and
-    # from before schema versions were recorded: migrate applies 0001, idempotent, again
+    # a database of a release from before schema versions were recorded (0001's tables, with
+    # their rows) and from before the functions: migrate applies 0001, idempotent, again
+    await make_pre_versions_database(database_url)
     await sql(database_url, "INSERT INTO tenants (id, name, api_key_hash) VALUES ($1, 'a', 'h')",
               TENANT)  # fmt: skip
     for name in functions:
         await sql(database_url, f"DROP FUNCTION {name}")
-    await sql(database_url, "DROP TABLE schema_migrations")
     done = notifier("migrate", "--config", str(config_file(tmp_path, database_url)))
     assert done.returncode == 0, done.stderr
     found = await sql(

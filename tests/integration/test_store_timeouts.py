@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -14,6 +15,7 @@ import trio
 from notifier.bridge import aio
 from notifier.errors import StoreUnavailable
 from notifier.store import Store, open_store
+from notifier.store.maintenance import PARTITION_LOCK_TIMEOUT_MS
 from notifier.store.versions import MIGRATE_LOCK
 from tests.integration.conftest import poll, scalar
 
@@ -111,7 +113,7 @@ async def test_a_migration_waits_past_the_statement_timeout(database_url: str) -
 
 MAINTENANCE = {
     "reconcile": ("deliveries", lambda s: s.reconcile(stuck_after_seconds=600, limit=10)),
-    "retention": ("events", lambda s: s.delete_expired(retention_days=30, limit=10)),
+    "idempotency keys": ("event_keys", lambda s: s.clean_event_keys(retention_days=30, limit=10)),
     "outbox hygiene": ("outbox", lambda s: s.clean_outbox(limit=10, refused_after=5)),
     "rate buckets": ("rate_buckets", lambda s: s.clean_rate_buckets(limit=10)),
     "circuits": ("circuits", lambda s: s.clean_circuits(limit=10)),
@@ -147,3 +149,26 @@ async def test_a_maintenance_statement_waits_past_the_statement_timeout(
             await aio(other.execute, "ROLLBACK")
             nursery.cancel_scope.deadline = trio.current_time() + 30
         assert not nursery.cancel_scope.cancelled_caught
+
+
+async def test_a_day_of_history_whose_tables_are_busy_is_left_for_the_next_pass(
+    database_url: str,
+) -> None:
+    day = datetime.now(UTC).date() - timedelta(days=40)
+    suffix = day.strftime("_p%Y%m%d")
+    await scalar(database_url, "SELECT notifier_partitions_ensure($1::date, $1::date)", day)
+    async with bounded_store(database_url) as store, other_session(database_url) as other:
+        # A long transaction reads the history (say an operator's query): dropping a day must
+        # not queue every ingest and worker statement behind it for long.
+        await aio(other.execute, "BEGIN")
+        await aio(other.execute, "SELECT count(*) FROM deliveries")
+        started = trio.current_time()
+        with trio.fail_after(10):
+            dropped, kept = await store.drop_expired_days(retention_days=30)
+        waited = trio.current_time() - started
+        assert (dropped, kept) == ([], [suffix])
+        assert waited < PARTITION_LOCK_TIMEOUT_MS / 1000 + SLACK_SECONDS
+        await aio(other.execute, "ROLLBACK")
+        with trio.fail_after(10):
+            assert await store.drop_expired_days(retention_days=30) == ([suffix], [])
+    assert await scalar(database_url, "SELECT to_regclass($1)::text", f"events{suffix}") is None

@@ -31,7 +31,7 @@ def test_attempts_start_after_the_retry_delays_in_turn() -> None:
 def test_load_query_takes_the_named_block_alone() -> None:
     text = "-- name: a\nSELECT 1;\n\n-- name: retention\nDELETE FROM x\nRETURNING id;\n"
     assert load_query("retention", text) == "DELETE FROM x\nRETURNING id;"
-    assert "DELETE FROM events" in load_query("retention")
+    assert "notifier_partition_drop" in load_query("partition_drop")
 
 
 def test_stage_ratio_is_the_history_over_the_empty() -> None:

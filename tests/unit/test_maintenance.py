@@ -1,5 +1,6 @@
 """The maintenance loop over an in-memory store, on trio's MockClock: a pass every interval,
-batches until a short one, retention off at 0, a prompt stop."""
+batches until a short one, partitions made ahead, days dropped or kept, retention off at 0, a
+prompt stop."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ class FakeStore:
         self,
         stuck: list[int] | None = None,
         expired: list[int] | None = None,
+        days: tuple[list[str], list[str]] = ([], []),
         idle_buckets: list[int] | None = None,
         closed_circuits: list[int] | None = None,
     ) -> None:
         self.stuck = list(stuck or [])
         self.expired = list(expired or [])
+        self.days = days
         self.idle_buckets = list(idle_buckets or [])
         self.closed_circuits = list(closed_circuits or [])
         self.calls: list[tuple[str, float]] = []
@@ -35,9 +38,19 @@ class FakeStore:
         n = self.stuck.pop(0) if self.stuck else 0
         return [uuid.uuid4() for _ in range(min(n, limit))]
 
-    async def delete_expired(self, *, retention_days: int, limit: int) -> int:
+    async def ensure_partitions(self, *, days_ahead: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("partitions", trio.current_time()))
+        return 3 * (days_ahead + 1)  # as on a database with none of them yet
+
+    async def drop_expired_days(self, *, retention_days: int) -> tuple[list[str], list[str]]:
         await trio.lowlevel.checkpoint()
         self.calls.append(("retention", trio.current_time()))
+        return self.days
+
+    async def clean_event_keys(self, *, retention_days: int, limit: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("keys", trio.current_time()))
         return min(self.expired.pop(0) if self.expired else 0, limit)
 
     async def clean_outbox(self, *, limit: int, refused_after: int) -> tuple[int, int]:
@@ -67,15 +80,18 @@ def config(**fields: object) -> MaintenanceConfig:
 
 async def test_a_pass_takes_batches_until_a_short_one() -> None:
     store = FakeStore(
-        stuck=[10, 10, 3], expired=[10, 4], idle_buckets=[10, 10, 10, 1], closed_circuits=[10, 2]
-    )
+        stuck=[10, 10, 3], expired=[10, 4], idle_buckets=[10, 10, 10, 1], closed_circuits=[10, 2],
+        days=(["_p20261101", "_p20261102"], ["_p20261103"]),
+    )  # fmt: skip
     result = await maintenance_pass(config(), store)
-    assert (result.reenqueued, result.expired, result.rate_buckets_cleaned) == (23, 14, 31)
+    assert (result.reenqueued, result.keys_expired, result.rate_buckets_cleaned) == (23, 14, 31)
+    assert (result.days_dropped, result.days_kept) == (2, 1)
+    assert result.partitions_made == 3 * 8  # today and 7 days ahead, of each of three tables
     assert result.circuits_cleaned == 12
     kinds = [kind for kind, _ in store.calls]
     assert kinds == (
-        ["reconcile"] * 3 + ["retention"] * 2 + ["outbox"] + ["buckets"] * 4 + ["circuits"] * 2
-        + ["console"]
+        ["reconcile"] * 3 + ["partitions", "retention"] + ["keys"] * 2 + ["outbox"]
+        + ["buckets"] * 4 + ["circuits"] * 2 + ["console"]
     )  # fmt: skip
 
 
@@ -83,7 +99,10 @@ async def test_a_pass_is_bounded_even_when_every_batch_is_full() -> None:
     store = FakeStore(stuck=[10] * 100)
     result = await maintenance_pass(config(retention_days=0), store)
     assert result.reenqueued == 10 * MAX_BATCHES_PER_PASS
-    assert "retention" not in [kind for kind, _ in store.calls]  # retention_days = 0: off
+    kinds = [kind for kind, _ in store.calls]
+    assert "retention" not in kinds  # retention_days = 0: off
+    assert "keys" not in kinds
+    assert "partitions" in kinds  # made ahead all the same
 
 
 async def test_passes_run_every_interval_and_a_stop_ends_the_wait(

@@ -33,6 +33,7 @@ from notifier.ingest.openapi import build_openapi
 from notifier.ingest.tenants import TenantCaches
 from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
+from notifier.store.rows import MetricsSnapshot
 
 ROUTE_GROUPS = (health, docs, channels, events, deliveries, operations)
 
@@ -65,8 +66,12 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
     max_attempts = max_attempts_by_type(config)
+
+    async def read_snapshot() -> MetricsSnapshot:
+        return await store.metrics_snapshot(config.maintenance.retention_days)
+
     scrape = ScrapeReader(
-        meters, store.metrics_snapshot,
+        meters, read_snapshot,
         broker_queues(config.workers.enabled(), config.retry.tiers_seconds), read_queue_depths,
     )  # fmt: skip
     install(app, ApiContext(

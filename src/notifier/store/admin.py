@@ -17,6 +17,7 @@ from notifier.store import listen, versions
 from notifier.store.base import Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
 from notifier.store.listen import TenantChanges
+from notifier.store.maintenance import PARTITION_DAYS_AHEAD
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
@@ -42,7 +43,15 @@ class AdminQueries(Queries):
     async def migrate(self) -> list[versions.Migration]:
         """Apply the missing migrations (``notifier.store.versions``); the ones applied."""
         async with self._pool.acquire() as conn:
-            return await versions.apply_missing(conn, statement_seconds=MIGRATE_TIMEOUT_SECONDS)
+            applied = await versions.apply_missing(conn, statement_seconds=MIGRATE_TIMEOUT_SECONDS)
+            # The history's partitions of the first days, made again on a database already
+            # current (the migration that partitioned the history made them on its day).
+            await conn.fetchval(
+                "SELECT notifier_partitions_ensure((now() AT TIME ZONE 'UTC')::date, "
+                f"(now() AT TIME ZONE 'UTC')::date + {PARTITION_DAYS_AHEAD})",
+                timeout=MIGRATE_TIMEOUT_SECONDS,
+            )
+            return applied
 
     @crossing
     async def schema_state(self, timeout_seconds: float | None = None) -> versions.SchemaState:
@@ -108,13 +117,15 @@ class AdminQueries(Queries):
         return listen.open_tenant_changes(self._listen_dsn)
 
     @crossing
-    async def metrics_snapshot(self) -> MetricsSnapshot:
-        """The scrape-time gauges (outbox depth, open deliveries, circuits) in one
-        statement."""
-        row = await self._pool.fetchrow(Q["metrics_snapshot"])
+    async def metrics_snapshot(self, retention_days: int = 0) -> MetricsSnapshot:
+        """The scrape-time gauges (outbox depth, open deliveries, the history's days,
+        circuits) in one statement; days of history older than ``retention_days`` (0: none)
+        are overdue."""
+        row = await self._pool.fetchrow(Q["metrics_snapshot"], retention_days)
         assert row is not None
         return MetricsSnapshot(
             outbox_depth=row["outbox_depth"], pending=row["pending"], retrying=row["retrying"],
+            history_days_overdue=row["days_overdue"], history_ahead_seconds=row["ahead_seconds"],
             oldest_open_age_seconds=row["oldest_open_age_seconds"],
             circuits=tuple(zip(row["circuit_types"], row["circuit_destinations"],
                                row["circuit_states"], strict=True)),

@@ -24,9 +24,12 @@ UPDATE tenants SET enabled = $2 WHERE name = $1 RETURNING id;
 -- deliveries_open_idx, which holds only open deliveries. The age is computed by Postgres, so
 -- the clocks of other hosts do not enter it. And the destinations' circuits that are not closed
 -- or changed in the last 10 minutes (so a closing shows as a 0), at most 500, the open first:
--- the series stay few.
+-- the series stay few. And the history's days: how many ended more than $1 days ago (the
+-- retention; 0: off) and are still there, and how far ahead of now the partitions reach.
 SELECT
     (SELECT count(*) FROM outbox) AS outbox_depth,
+    h.days_overdue,
+    h.ahead_seconds,
     d.pending,
     d.retrying,
     d.oldest_open_age_seconds,
@@ -40,6 +43,11 @@ FROM (
     FROM deliveries
     WHERE status IN ('PENDING', 'RETRYING')
 ) AS d, (
+    SELECT count(*) FILTER (WHERE $1::integer > 0
+                            AND to_time <= now() - $1::integer * interval '1 day') AS days_overdue,
+           coalesce(extract(epoch FROM max(to_time) - now())::float8, 0) AS ahead_seconds
+    FROM notifier_history_partitions()
+) AS h, (
     SELECT coalesce(array_agg(channel_type), '{}') AS circuit_types,
            coalesce(array_agg(destination), '{}') AS circuit_destinations,
            coalesce(array_agg(state), '{}') AS circuit_states

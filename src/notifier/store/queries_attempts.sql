@@ -107,10 +107,10 @@ upd AS (
 ),
 ins AS (
     INSERT INTO delivery_attempts
-        (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt)
+        (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt,
+         delivery_created_at)
     SELECT r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.outcome, r.status_code, r.error,
-           r.response_excerpt
-    FROM input r
-    WHERE EXISTS (SELECT 1 FROM deliveries WHERE id = r.delivery_id)
+           r.response_excerpt, d.created_at
+    FROM input r JOIN deliveries d ON d.id = r.delivery_id
 )
 SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS moved FROM input r;

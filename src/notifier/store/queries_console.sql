@@ -8,7 +8,7 @@
 SELECT d.id, d.event_id, d.channel_id, d.channel_type, d.status, d.attempt, d.max_attempts,
        d.last_error, d.next_attempt_at, d.delivered_at, d.created_at, e.type AS event_type
 FROM deliveries d
-JOIN events e ON e.id = d.event_id
+JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
 WHERE d.tenant_id = $1
   AND ($2::text IS NULL OR d.status = $2)
   AND ($3::uuid IS NULL OR d.channel_id = $3)
@@ -24,7 +24,7 @@ LIMIT $9;
 -- $7, only those of enabled channels (what the bulk replay, query replay, takes).
 SELECT count(*)
 FROM deliveries d
-JOIN events e ON e.id = d.event_id
+JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
 WHERE d.tenant_id = $1
   AND ($2::text IS NULL OR d.status = $2)
   AND ($3::uuid IS NULL OR d.channel_id = $3)

@@ -48,7 +48,7 @@ WITH picked AS (
     SELECT d.id, d.attempt, d.max_attempts, c.config
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
-    JOIN events e ON e.id = d.event_id
+    JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
     WHERE d.tenant_id = $1 AND d.status = $2
       AND ($3::uuid IS NULL OR d.id = $3)
       AND ($4::uuid IS NULL OR d.channel_id = $4)
@@ -79,14 +79,16 @@ upd AS (
     RETURNING d.id, d.created_at, d.channel_type, d.event_id, d AS delivery
 ),
 logged AS (
-    INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome)
-    SELECT n.id, n.entry, now(), 0, 'replayed'
-    FROM numbered n
+    INSERT INTO delivery_attempts
+        (delivery_id, attempt, started_at, duration_ms, outcome, delivery_created_at)
+    SELECT n.id, n.entry, now(), 0, 'replayed', u.created_at
+    FROM numbered n JOIN upd u ON u.id = n.id
 ),
 queued AS (
     INSERT INTO outbox (delivery_id, routing_key, body)
     SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1)
-    FROM upd u JOIN numbered n ON n.id = u.id JOIN events e ON e.id = u.event_id
+    FROM upd u JOIN numbered n ON n.id = u.id
+    JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at
 )
 SELECT id, created_at FROM upd;
 
@@ -97,7 +99,7 @@ SELECT EXISTS (
     SELECT 1
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
-    JOIN events e ON e.id = d.event_id
+    JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
     WHERE d.tenant_id = $1 AND d.status = $2
       AND ($3::uuid IS NULL OR d.channel_id = $3)
       AND ($4::text IS NULL OR notifier_type_matches($4, e.type))

@@ -6,25 +6,33 @@
 -- notifier_type_matches) and the outbox rows carrying each delivery's worker message (built by
 -- notifier_worker_message). $2 is a JSON array of {id, type, recipient, payload,
 -- idempotency_key, request_hash, channel_ids}; $3 maps a channel type to its default
--- max_attempts. Events whose idempotency key already exists are skipped
--- (ON CONFLICT DO NOTHING) and come back absent from the result. Events are inserted in key
+-- max_attempts. Events whose idempotency key already exists (in event_keys) are skipped
+-- (ON CONFLICT DO NOTHING) and come back absent from the result. Keys are inserted in key
 -- order, not in the order given: an insert whose key a concurrent transaction has just inserted
 -- waits for that one to finish, so two batches carrying the same keys in different orders would
 -- each wait for the other (a deadlock) — taking the keys in one order for all, they cannot.
+-- A delivery's created_at is its event's, which puts both in the same day's partition.
 WITH input AS (
     SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(
         id uuid, type text, recipient text, payload jsonb, idempotency_key text,
         request_hash text, channel_ids uuid[], ord integer)
 ),
+keyed AS (
+    INSERT INTO event_keys AS k (tenant_id, idempotency_key, event_id, created_at)
+    SELECT $1, idempotency_key, id, now() FROM input
+    WHERE idempotency_key IS NOT NULL
+    ORDER BY idempotency_key COLLATE "C", ord
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING k.event_id
+),
 ev AS (
     INSERT INTO events AS e (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
     SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input
-    ORDER BY idempotency_key COLLATE "C", ord
-    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    WHERE idempotency_key IS NULL OR id IN (SELECT event_id FROM keyed)
     RETURNING e.id, e.type, e.recipient, e.payload, e.created_at, e AS event
 ),
 targets AS (
-    SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, c.id AS channel_id,
+    SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, ev.created_at, c.id AS channel_id,
            c.type AS channel_type, c.config,
            coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts
     FROM ev
@@ -40,8 +48,10 @@ targets AS (
         END)
 ),
 dl AS (
-    INSERT INTO deliveries AS d (id, event_id, channel_id, tenant_id, channel_type, max_attempts)
-    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts FROM targets
+    INSERT INTO deliveries AS d
+        (id, event_id, channel_id, tenant_id, channel_type, max_attempts, created_at)
+    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts, created_at
+    FROM targets
     RETURNING d.id, d.event_id, d AS delivery
 ),
 ob AS (
@@ -67,20 +77,24 @@ LEFT JOIN (
 ) g ON g.event_id = ev.id;
 
 -- name: events_by_keys
+-- Found through event_keys, and by (id, created_at): one partition each.
 SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.request_hash, e.created_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'id', d.id, 'channel_id', d.channel_id,
                      'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
-                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
-FROM events e
-WHERE e.tenant_id = $1 AND e.idempotency_key = ANY($2::text[]);
+                 FROM deliveries d WHERE d.event_id = e.id AND d.created_at = e.created_at),
+                '[]'::jsonb) AS deliveries
+FROM event_keys k
+JOIN events e ON e.id = k.event_id AND e.created_at = k.created_at
+WHERE k.tenant_id = $1 AND k.idempotency_key = ANY($2::text[]);
 
 -- name: event_get
 SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.created_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'id', d.id, 'channel_id', d.channel_id,
                      'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
-                 FROM deliveries d WHERE d.event_id = e.id), '[]'::jsonb) AS deliveries
+                 FROM deliveries d WHERE d.event_id = e.id AND d.created_at = e.created_at),
+                '[]'::jsonb) AS deliveries
 FROM events e
 WHERE e.tenant_id = $1 AND e.id = $2;
 

@@ -23,31 +23,50 @@ upd AS (
     UPDATE deliveries d SET next_attempt_at = now(), updated_at = now()
     FROM stuck s
     WHERE d.id = s.id
-    RETURNING d.id, d.channel_type, d.event_id, d.channel_id, d.attempt, d AS delivery
+    RETURNING d.id, d.channel_type, d.event_id, d.channel_id, d.attempt, d.created_at,
+              d AS delivery
 ),
 queued AS (
     INSERT INTO outbox (delivery_id, routing_key, body)
     SELECT u.id, u.channel_type,
            notifier_worker_message(u.delivery, e, coalesce(c.config, '{}'::jsonb), u.attempt + 1)
-    FROM upd u JOIN events e ON e.id = u.event_id LEFT JOIN channels c ON c.id = u.channel_id
+    FROM upd u
+    JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at
+    LEFT JOIN channels c ON c.id = u.channel_id
 )
 SELECT id FROM upd;
 
--- name: retention
--- Delete up to $2 events older than $1 days whose deliveries are all finished (their
--- deliveries and attempts go with them, by cascade). An event with an unfinished delivery is
--- kept, however old: nothing accepted is dropped before it is delivered or dead.
-DELETE FROM events
-WHERE id IN (
-    SELECT e.id FROM events e
-    WHERE e.created_at < now() - $1::integer * interval '1 day'
-      AND NOT EXISTS (SELECT 1 FROM deliveries d
-                      WHERE d.event_id = e.id AND d.status IN ('PENDING', 'RETRYING'))
-    ORDER BY e.created_at
+-- name: partitions_ensure
+-- The history's partitions of the days $1 to $2 (UTC) that are not there yet (schema.sql).
+SELECT notifier_partitions_ensure($1::date, $2::date);
+
+-- name: partitions_due
+-- The days of history whose range ended more than $1 days ago, oldest first.
+SELECT suffix, from_time, to_time FROM notifier_history_partitions()
+WHERE to_time <= now() - $1::integer * interval '1 day';
+
+-- name: partition_drop
+-- Drop one day of history unless a delivery of it is unfinished (schema.sql).
+SELECT notifier_partition_drop($1::text);
+
+-- name: partitions_ahead
+-- How far ahead of now the history's partitions reach, in days (negative: today has none).
+SELECT extract(epoch FROM (max(to_time) - now())) / 86400 FROM notifier_history_partitions();
+
+-- name: event_keys_cleanup
+-- Up to $2 idempotency keys of events older than $1 days that are gone (their day dropped): a
+-- key is kept as long as its event. Each probe is of one partition (by id and created_at).
+DELETE FROM event_keys
+WHERE (tenant_id, idempotency_key) IN (
+    SELECT k.tenant_id, k.idempotency_key FROM event_keys k
+    WHERE k.created_at < now() - $1::integer * interval '1 day'
+      AND NOT EXISTS (SELECT 1 FROM events e
+                      WHERE e.id = k.event_id AND e.created_at = k.created_at)
+    ORDER BY k.created_at
     LIMIT $2
-    FOR UPDATE OF e SKIP LOCKED
+    FOR UPDATE OF k SKIP LOCKED
 )
-RETURNING id;
+RETURNING event_id;
 
 -- name: outbox_hygiene
 -- Outbox rows that can no longer do anything: their delivery is gone (retention) or finished,

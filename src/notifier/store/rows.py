@@ -153,6 +153,10 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     pending: int  # deliveries PENDING
     retrying: int  # deliveries RETRYING
     oldest_open_age_seconds: float | None  # since the open delivery changed least recently
+    # days of history past the retention still there (kept for an unfinished delivery, or no
+    # maintenance role running), and how far ahead the partitions reach (schema.sql)
+    history_days_overdue: int = 0
+    history_ahead_seconds: float = 0.0
     # (channel type, destination, state) of the circuits not closed or changed lately
     circuits: tuple[tuple[str, str, str], ...] = ()
 

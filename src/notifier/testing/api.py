@@ -73,7 +73,7 @@ class MemoryApiStore(MemoryApiDeliveries, ApiStore):
         await self._call()
         return {k: self.circuits[k] for k in keys if k in self.circuits}
 
-    async def metrics_snapshot(self) -> MetricsSnapshot:
+    async def metrics_snapshot(self, retention_days: int = 0) -> MetricsSnapshot:
         await self._call()
         statuses = Counter(s.delivery.status for s in self.deliveries.values())
         return MetricsSnapshot(
