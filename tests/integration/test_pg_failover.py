@@ -32,7 +32,7 @@ import trio
 from notifier.testing import open_sink
 from tests.chaos.harness import ServiceProcess, base_config, free_port, wait_ready, write_config
 from tests.chaos.ledger import Ledger, State, delivery_ids_of, send_events
-from tests.integration.conftest import create_tenant, poll, sql
+from tests.integration.conftest import create_tenant, make_config, migrate, poll, run_notifier, sql
 from tests.integration.test_cli import notifier
 
 pytestmark = pytest.mark.slow
@@ -305,3 +305,42 @@ async def test_a_failover_under_load_answers_503_then_202_and_loses_nothing_acce
             )
     finally:
         await service.stop()
+
+
+async def test_connections_to_a_primary_turned_read_only_move_to_the_promoted_standby(
+    pair: tuple[Node, Node], broker_url: str
+) -> None:
+    # A primary fenced without stopping it (default_transaction_read_only on): the pooled
+    # connections already open on it stay open, and every write on them is refused. They are
+    # answered 503 (never 500) and closed, so the pool opens the next ones where writes are
+    # taken: on the standby, once it is promoted, with no restart.
+    primary, standby = pair
+    await sql(primary.url(), f'CREATE DATABASE "{DATABASE}"')
+    await trio.to_thread.run_sync(migrate, primary.url(DATABASE))
+    key = await create_tenant(primary.url(DATABASE))
+    hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
+    url = f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=read-write"
+    config = make_config(url, broker_url, database={"pool_max_size": 4})
+    body = {"type": "t", "payload": {}}
+    async with run_notifier(config, roles=("ingest",)) as running, running.client(key) as api:
+        # connections in use at once: the pool has several open on the primary
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(functools.partial(api.post, "/v1/events", json=body))
+        statuses: list[int] = []
+
+        async def answered(*wanted: int) -> bool:
+            statuses.append((await api.post("/v1/events", json=body)).status_code)
+            return statuses[-1] in wanted
+
+        await sql(primary.url(), "ALTER SYSTEM SET default_transaction_read_only = on")
+        await sql(primary.url(), "SELECT pg_reload_conf()")
+        with trio.fail_after(10):
+            await poll(functools.partial(answered, 500, 503))
+        assert statuses[-1] == 503, statuses
+        await trio.to_thread.run_sync(standby.promote)
+        with trio.fail_after(10):
+            await poll(functools.partial(answered, 202))
+        for _ in range(8):
+            assert await answered(202), statuses
+        assert set(statuses) == {202, 503}, statuses

@@ -3,11 +3,12 @@ no statement, and still never hands on an open transaction."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from notifier.bridge import aio, open_bridge
 from notifier.store.admin import AdminQueries
-from notifier.store.pool import create_pool
+from notifier.store.pool import Pooler, create_pool
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +112,38 @@ async def test_the_ping_sends_its_select_alone_behind_a_pooler(database_url: str
         finally:
             await aio(raw.close)
     assert sent == ["SELECT 1"]
+
+
+@pytest.mark.parametrize("pooler", ["none", "pgbouncer"])
+async def test_a_connection_whose_server_refuses_a_write_is_closed_and_the_next_is_fresh(
+    database_url: str, pooler: Pooler
+) -> None:
+    # A server that refuses writes is no longer the primary (a failover): its connection is
+    # closed at once, so that the pool opens the next one where writes are taken.
+    async with open_bridge():
+        raw, pool = await create_pool(
+            database_url, max_size=1, connect_timeout_seconds=5, acquire_timeout_seconds=2,
+            statement_timeout_seconds=3, pooler=pooler,
+        )  # fmt: skip
+
+        async def scenario() -> tuple[str, bool, str]:
+            conn = await pool.acquire()
+            first = await conn.fetchval("SELECT pg_backend_pid()")
+            try:
+                # as a primary fenced with default_transaction_read_only, for this session
+                await conn.execute("SET SESSION default_transaction_read_only = on")
+                try:
+                    await conn.execute("CREATE TABLE refused (x int)")
+                    refused = "nothing"
+                except asyncpg.ReadOnlySQLTransactionError as exc:
+                    refused = type(exc).__name__
+            finally:
+                await pool.release(conn)
+            async with pool.acquire() as fresh:  # the pool's one connection, opened anew
+                anew = await fresh.fetchval("SELECT pg_backend_pid()") != first
+                return refused, anew, await fresh.fetchval("SHOW default_transaction_read_only")
+
+        try:
+            assert await aio(scenario) == ("ReadOnlySQLTransactionError", True, "off")
+        finally:
+            await aio(raw.close)
