@@ -3,11 +3,15 @@ no statement, and still never hands on an open transaction."""
 
 from __future__ import annotations
 
+import socket
+
 import asyncpg
 import pytest
+import trio
 
 from notifier.bridge import aio, open_bridge
 from notifier.store.admin import AdminQueries
+from notifier.store.listen import listening
 from notifier.store.pool import Pooler, create_pool
 
 pytestmark = pytest.mark.integration
@@ -147,3 +151,38 @@ async def test_a_connection_whose_server_refuses_a_write_is_closed_and_the_next_
             assert await aio(scenario) == ("ReadOnlySQLTransactionError", True, "off")
         finally:
             await aio(raw.close)
+
+
+async def test_a_host_that_never_answers_does_not_keep_the_next_one_from_serving(
+    database_url: str,
+) -> None:
+    # A first host that takes the TCP connection and then says nothing (a hung server; a dead
+    # machine whose packets are dropped is as silent): asyncpg alone would spend the whole
+    # connect timeout on it and never try the second, the Postgres that serves.
+    silent = socket.socket()
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # never accepted: the kernel completes the handshakes, nothing more
+        silent_port = silent.getsockname()[1]
+        hosts = f"127.0.0.1:{silent_port},{database_url.split('@', 1)[1].split('/', 1)[0]}"
+        url = f"postgresql://postgres@{hosts}/{database_url.rsplit('/', 1)[1]}"
+        url += "?target_session_attrs=read-write"
+        async with open_bridge():
+            with trio.fail_after(3):  # the pool's first connection, then a statement
+                raw, pool = await create_pool(
+                    url, max_size=2, connect_timeout_seconds=2, acquire_timeout_seconds=1,
+                    statement_timeout_seconds=1,
+                )  # fmt: skip
+            try:
+                with trio.fail_after(2):
+                    assert await aio(pool.fetchval, "SELECT 1") == 1
+            finally:
+                await aio(raw.close)
+            listened: list[str] = []
+            with trio.fail_after(3):
+                async with listening(
+                    url, "hosts_test", on_notify=listened.append, on_lost=lambda: None
+                ):
+                    pass
+    finally:
+        silent.close()

@@ -31,6 +31,7 @@ from asyncpg.pool import PoolAcquireContext
 
 from notifier.bridge import aio
 from notifier.errors import StoreError, StoreUnavailable
+from notifier.store import hosts
 from notifier.store.base import UNAVAILABLE, Conn, Row
 
 T = TypeVar("T")
@@ -248,7 +249,7 @@ async def create_pool(
     try:
         pool = await aio(
             asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
-            timeout=connect_timeout_seconds, init=_init_connection,
+            timeout=connect_timeout_seconds, init=_init_connection, connect=hosts.connect,
             connection_class=connection_class, server_settings=server_settings,
             statement_cache_size=cache_size,
             command_timeout=statement_timeout_seconds + CLIENT_GRACE_SECONDS,
