@@ -7,6 +7,8 @@ What it proves: every request is answered within the client's bound, 202 or 503 
 ``Retry-After``), never 500; the same notifier process answers 202 again once the standby is
 the primary; every event answered 202 reaches the receiver. The primary commits synchronously
 to the standby (``synchronous_standby_names``), so a 202 from the old primary is on the new one.
+A second test fences the primary read-only instead of stopping it: the pooled connections on it
+answer 503 and are replaced, on the standby once it is promoted.
 
 Only the servers started here are ever stopped or signalled (``pg_ctl -D`` their own
 directory, or the PID their ``postmaster.pid`` names); the machine's own cluster is not touched.
