@@ -71,6 +71,9 @@ UNAVAILABLE = (
     asyncpg.TooManyConnectionsError,
     # statement_timeout: Postgres did not finish the statement in time (nothing was kept).
     asyncpg.QueryCanceledError,
+    # A write refused by a server that is no longer the primary (fenced read-only during a
+    # failover, a standby behind a PgBouncer): the pool closes that connection (pool.py).
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 Row = Any  # an asyncpg Record; it never leaves the store

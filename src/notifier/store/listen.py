@@ -22,6 +22,7 @@ import trio
 
 from notifier.bridge import aio
 from notifier.errors import StoreError, StoreUnavailable
+from notifier.store import hosts
 from notifier.store.base import UNAVAILABLE
 
 T = TypeVar("T")
@@ -43,7 +44,7 @@ async def listening(
 
     unreadable = ""
     try:
-        conn: asyncpg.Connection = await aio(asyncpg.connect, dsn, timeout=10)
+        conn: asyncpg.Connection = await aio(hosts.connect, dsn, timeout=10)
     except UNAVAILABLE as exc:
         raise StoreUnavailable(f"Postgres unavailable: {exc!r}") from exc
     except ValueError as exc:  # asyncpg's ClientConfigurationError is one too

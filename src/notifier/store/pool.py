@@ -31,6 +31,7 @@ from asyncpg.pool import PoolAcquireContext
 
 from notifier.bridge import aio
 from notifier.errors import StoreError, StoreUnavailable
+from notifier.store import hosts
 from notifier.store.base import UNAVAILABLE, Conn, Row
 
 T = TypeVar("T")
@@ -51,7 +52,8 @@ _TRANSACTION_CONTROL = re.compile(
 
 
 class _Connection(asyncpg.Connection):
-    """Asyncio-flavoured. An asyncpg connection that closes itself when a statement times out.
+    """Asyncio-flavoured. An asyncpg connection that closes itself when a statement times out,
+    or when its server refuses a write.
 
     On a timeout asyncpg asks the server to cancel the statement (over a second connection) and
     keeps this one until the server has acknowledged it, so the next use of the connection — the
@@ -59,6 +61,11 @@ class _Connection(asyncpg.Connection):
     path to Postgres is what stalls, neither ever comes, and each of those waits would take
     another full timeout. A connection whose statement timed out is in an unknown state anyway:
     close it at once; the pool opens a fresh one when it needs one.
+
+    A server that refuses a write (a primary fenced with ``default_transaction_read_only``, a
+    PgBouncer whose target is a standby) is no longer the primary, and a connection to it would
+    refuse every write for as long as it stays open: it is closed too, so that the next one is
+    opened on the host that takes writes (``target_session_attrs=read-write`` in the URL).
 
     ``_per_transaction`` (set on a subclass made by ``create_pool``) is SQL sent with every
     transaction's ``BEGIN``, in the same round trip, and a statement outside a transaction gets
@@ -76,10 +83,10 @@ class _Connection(asyncpg.Connection):
         # undo. An open transaction is still rolled back (asyncpg does that apart from this).
         return ""
 
-    async def _closing_on_timeout(self, statement: Awaitable[T]) -> T:
+    async def _closing_if_unusable(self, statement: Awaitable[T]) -> T:
         try:
             return await statement
-        except TimeoutError:
+        except (TimeoutError, asyncpg.ReadOnlySQLTransactionError):
             self.terminate()
             raise
 
@@ -95,20 +102,20 @@ class _Connection(asyncpg.Connection):
         The transaction's own statements go straight to asyncpg, never through this class's
         ``execute`` (which would wrap them again)."""
         if not self._per_transaction or self._in_transaction():
-            return await self._closing_on_timeout(statement)
+            return await self._closing_if_unusable(statement)
         try:
-            await self._closing_on_timeout(super().execute(f"BEGIN; {self._per_transaction}"))
+            await self._closing_if_unusable(super().execute(f"BEGIN; {self._per_transaction}"))
         except BaseException:
             statement.close()
             await self._abandon()
             raise
         try:
-            result = await self._closing_on_timeout(statement)
+            result = await self._closing_if_unusable(statement)
         except BaseException:
             await self._abandon()  # never instead of the statement's own error
             raise
         if self.is_in_transaction():  # not ended by the statement itself
-            await self._closing_on_timeout(super().execute("COMMIT"))
+            await self._closing_if_unusable(super().execute("COMMIT"))
         return result
 
     async def _abandon(self) -> None:
@@ -117,7 +124,7 @@ class _Connection(asyncpg.Connection):
         if self.is_closed() or not self.is_in_transaction():
             return
         try:
-            await self._closing_on_timeout(super().execute("ROLLBACK"))
+            await self._closing_if_unusable(super().execute("ROLLBACK"))
         except Exception:
             self.terminate()
 
@@ -126,11 +133,11 @@ class _Connection(asyncpg.Connection):
         begin = not args and not self.is_in_transaction() and _BEGIN.fullmatch(query)
         if self._per_transaction and begin:
             query = f"{query} {self._per_transaction}"
-            return await self._closing_on_timeout(super().execute(query, **kwargs))
+            return await self._closing_if_unusable(super().execute(query, **kwargs))
         if _TRANSACTION_CONTROL.match(query):
             # Wrapped in a transaction of its own, a bare COMMIT or ROLLBACK would end that
             # one, and the wrapper's COMMIT would then be wrapped again, without end.
-            return await self._closing_on_timeout(super().execute(query, *args, **kwargs))
+            return await self._closing_if_unusable(super().execute(query, *args, **kwargs))
         return await self._bounded(super().execute(query, *args, **kwargs))
 
     async def executemany(self, *args: Any, **kwargs: Any) -> Any:
@@ -147,7 +154,7 @@ class _Connection(asyncpg.Connection):
         that needs no server-side timeout, whose ``timeout`` must bound all it sends)."""
         statement = super().fetchval(*args, **kwargs)
         if bare:
-            return await self._closing_on_timeout(statement)
+            return await self._closing_if_unusable(statement)
         return await self._bounded(statement)
 
     async def fetchmany(self, *args: Any, **kwargs: Any) -> Any:
@@ -242,7 +249,7 @@ async def create_pool(
     try:
         pool = await aio(
             asyncpg.create_pool, dsn, min_size=1, max_size=max_size,
-            timeout=connect_timeout_seconds, init=_init_connection,
+            timeout=connect_timeout_seconds, init=_init_connection, connect=hosts.connect,
             connection_class=connection_class, server_settings=server_settings,
             statement_cache_size=cache_size,
             command_timeout=statement_timeout_seconds + CLIENT_GRACE_SECONDS,
