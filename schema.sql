@@ -107,6 +107,10 @@ CREATE TABLE IF NOT EXISTS events (
     created_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);
+-- An expunged event (`DELETE /v1/events/{id}/payload`, `notifier tenant expunge`): its payload
+-- is JSON null (never an event's payload otherwise: that is an object) since this time; NULL
+-- while the payload is there (migrations/0009).
+ALTER TABLE events ADD COLUMN IF NOT EXISTS payload_expunged_at timestamptz NULL;
 
 -- An event's idempotency key, unique per tenant for as long as the event is kept: a unique index
 -- of a partitioned table must hold its partition key, so the keys have a table of their own,

@@ -43,3 +43,15 @@ class NotFound(StoreError):
 
 class NotReplayable(StoreError):
     """A replay was asked for a delivery that cannot be replayed now; the message says why."""
+
+
+class DeliveriesInFlight(StoreError):
+    """An event's payload cannot be expunged while a delivery of it is PENDING or RETRYING: its
+    message, on its way to a worker, carries the payload."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(
+            f"{count} of the event's deliveries are PENDING or RETRYING: their messages carry "
+            "the payload; expunge it once they are DELIVERED or DEAD"
+        )
+        self.count = count

@@ -38,6 +38,7 @@ def _event(
         idempotency_key=idempotency_key,
         created_at=row["created_at"],
         deliveries=_summaries(row["deliveries"]) if deliveries is None else deliveries,
+        payload_expunged_at=row.get("payload_expunged_at"),  # event_get's (queries_events.sql)
     )
 
 

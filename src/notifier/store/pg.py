@@ -2,9 +2,10 @@
 asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
-``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``, ``circuits``,
-``console``, ``console_sessions``); what they share (the named SQL, the one bridge crossing,
-the error mapping) in ``base``, the bounded pool in ``pool``; its errors in ``errors``.
+``expunge``, ``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``,
+``circuits``, ``console``, ``console_sessions``); what they share (the named SQL, the one
+bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors in
+``errors``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from notifier.store.console import ConsoleQueries
 from notifier.store.console_sessions import ConsoleSessionQueries
 from notifier.store.deliveries import DeliveryQueries
 from notifier.store.events import EventQueries
+from notifier.store.expunge import ExpungeQueries
 from notifier.store.maintenance import MaintenanceQueries
 from notifier.store.outbox import OutboxQueries
 from notifier.store.pool import Pooler, create_pool
@@ -33,6 +35,7 @@ class Store(
     AdminQueries,
     ChannelQueries,
     EventQueries,
+    ExpungeQueries,
     DeliveryQueries,
     AttemptQueries,
     OutboxQueries,

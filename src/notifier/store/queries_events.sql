@@ -90,6 +90,7 @@ WHERE k.tenant_id = $1 AND k.idempotency_key = ANY($2::text[]);
 
 -- name: event_get
 SELECT e.id, e.type, e.recipient, e.payload, e.idempotency_key, e.created_at,
+       e.payload_expunged_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'id', d.id, 'channel_id', d.channel_id,
                      'channel_type', d.channel_type, 'status', d.status) ORDER BY d.channel_id)
@@ -108,3 +109,67 @@ SELECT name, id FROM tenants WHERE name = ANY($1::text[]) AND enabled;
 -- name: amqp_channels_owned
 -- The channels among $1, with their tenants: a batch may span tenants.
 SELECT tenant_id, id FROM channels WHERE id = ANY($1::uuid[]);
+
+-- Expunging payloads (store/expunge.py): an event's payload becomes JSON null and
+-- payload_expunged_at says since when; its deliveries' attempts lose their response_excerpt;
+-- the event, its deliveries and their attempts stay. Never while a delivery of the event is
+-- PENDING or RETRYING (its message carries the payload): an expunge locks the events, then all
+-- their deliveries, and decides on what it then reads; a replay locks the deliveries, so the two
+-- wait for each other, and a replay after an expunge finds the event expunged (replay) and
+-- takes nothing.
+
+-- name: expunge_tenant_id
+-- The tenant named $1, enabled or not (a disabled tenant's payloads can be expunged too).
+SELECT id FROM tenants WHERE name = $1;
+
+-- name: expunge_lock_event
+-- Event $2 of tenant $1, locked for the expunge that follows.
+SELECT e.id FROM events e
+WHERE e.tenant_id = $1 AND e.id = $2
+FOR NO KEY UPDATE OF e;
+
+-- name: expunge_lock_events_before
+-- Up to $5 of tenant $1's events created before $2 whose payload is still there, in
+-- (created_at, id) order after ($3, $4) (the walk's cursor), locked for the expunge that
+-- follows; an event locked by another transaction is waited for.
+SELECT e.id, e.created_at FROM events e
+WHERE e.tenant_id = $1 AND e.created_at < $2 AND e.payload_expunged_at IS NULL
+  AND ($3::timestamptz IS NULL OR (e.created_at, e.id) > ($3, $4::uuid))
+ORDER BY e.created_at, e.id
+LIMIT $5
+FOR NO KEY UPDATE OF e;
+
+-- name: expunge_lock_deliveries
+-- The deliveries of tenant $1's events $2, locked (a replay of one now waits for the expunge,
+-- and then finds its event expunged), with their statuses as they are now.
+SELECT d.event_id, d.status FROM deliveries d
+WHERE d.tenant_id = $1 AND d.event_id = ANY($2::uuid[])
+FOR NO KEY UPDATE OF d;
+
+-- name: expunge_events
+-- Expunge tenant $1's events $2 (locked, with their deliveries, and none of those unfinished):
+-- the payload becomes JSON null and payload_expunged_at is set, once (an event expunged before
+-- keeps its time and is not written again); the attempts of their deliveries lose their
+-- response_excerpt; and their deliveries' outbox rows, which can do nothing for a finished
+-- delivery and carry the payload, are deleted (a row a relay is publishing at this moment is
+-- left to outbox_hygiene). Returns how many events were expunged now.
+WITH ev AS (
+    UPDATE events e SET payload = 'null'::jsonb, payload_expunged_at = now()
+    WHERE e.tenant_id = $1 AND e.id = ANY($2::uuid[]) AND e.payload_expunged_at IS NULL
+    RETURNING e.id
+),
+dl AS (
+    SELECT d.id FROM deliveries d WHERE d.tenant_id = $1 AND d.event_id = ANY($2::uuid[])
+),
+excerpts AS (
+    UPDATE delivery_attempts a SET response_excerpt = NULL
+    FROM dl
+    WHERE a.delivery_id = dl.id AND a.response_excerpt IS NOT NULL
+),
+queued AS (
+    DELETE FROM outbox o
+    WHERE o.id IN (SELECT q.id FROM outbox q JOIN dl ON q.delivery_id = dl.id
+                   FOR UPDATE OF q SKIP LOCKED)
+)
+SELECT count(*) AS expunged FROM ev;
+

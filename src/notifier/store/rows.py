@@ -59,10 +59,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     id: uuid.UUID
     type: str
     recipient: str | None
-    payload: dict[str, Any]
+    payload: dict[str, Any] | None  # None once expunged (``payload_expunged_at``)
     idempotency_key: str | None
     created_at: datetime
     deliveries: list[DeliverySummary]
+    payload_expunged_at: datetime | None = None
 
 
 class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
