@@ -29,13 +29,18 @@ def _delivery(row: Row, attempts: list[Attempt] | None = None) -> Delivery:
     )
 
 
-def not_replayable(status: str, channel_state: str) -> NotReplayable | None:
+def not_replayable(
+    status: str, channel_state: str, *, expunged: bool = False
+) -> NotReplayable | None:
     """Why a delivery in ``status``, of a channel ``channel_state`` (enabled, disabled or
-    deleted), cannot be replayed now; None when it can."""
+    deleted), of an event whose payload is ``expunged`` or not, cannot be replayed now; None
+    when it can."""
     if status not in TERMINAL_STATUSES:
         return NotReplayable(
             f"the delivery is {status}: only a DELIVERED or DEAD delivery can be replayed"
         )
+    if expunged:
+        return NotReplayable("the event's payload was expunged: there is nothing to send")
     if channel_state != "enabled":
         return NotReplayable(
             f"the delivery's channel is {channel_state}"
@@ -84,12 +89,16 @@ class DeliveryQueries(Queries):
             row = await conn.fetchrow(Q["replay_check"], tenant_id, delivery_id)
             if row is None:
                 raise NotFound("delivery not found")
-            if refused := not_replayable(row["status"], row["channel_state"]):
+            if refused := not_replayable(
+                row["status"], row["channel_state"], expunged=row["expunged"]
+            ):
                 raise refused
-            await conn.fetch(
+            queued = await conn.fetch(
                 Q["replay"], tenant_id, row["status"], delivery_id, None, None, None, None, 1,
                 None, None,
             )  # fmt: skip
+            if not queued:  # its channel disabled, or its event expunged, since replay_check
+                raise NotReplayable("the delivery's channel or event changed meanwhile; try again")
 
     @transaction
     async def replay_deliveries(
@@ -105,8 +114,9 @@ class DeliveryQueries(Queries):
         limit: int,
     ) -> ReplayPage:
         """Enqueue up to ``limit`` matching finished deliveries again (oldest first, only of
-        enabled channels), walking them in ``(created_at, id)`` order from just after
-        ``after``; return how many, and where the next call starts if more match there.
+        enabled channels and of events whose payload was not expunged), walking them in
+        ``(created_at, id)`` order from just after ``after``; return how many, and where the
+        next call starts if more match there.
 
         The walk, not the status, says what is left: a replayed ``DELIVERED`` delivery is
         ``DELIVERED`` again soon, and a call from the start would replay it again."""

@@ -21,7 +21,8 @@ LIMIT $9;
 
 -- name: console_count
 -- How many of tenant $1's deliveries the filters of console_deliveries ($2 to $6) match; with
--- $7, only those of enabled channels (what the bulk replay, query replay, takes).
+-- $7, only those of enabled channels whose event's payload is there (what the bulk replay,
+-- query replay, takes).
 SELECT count(*)
 FROM deliveries d
 JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
@@ -32,7 +33,8 @@ WHERE d.tenant_id = $1
   AND ($5::timestamptz IS NULL OR d.created_at >= $5)
   AND ($6::timestamptz IS NULL OR d.created_at < $6)
   AND (NOT $7::boolean
-       OR EXISTS (SELECT 1 FROM channels c WHERE c.id = d.channel_id AND c.enabled));
+       OR e.payload_expunged_at IS NULL
+          AND EXISTS (SELECT 1 FROM channels c WHERE c.id = d.channel_id AND c.enabled));
 
 -- name: console_hourly
 -- Tenant $1's deliveries created in the day up to $2, per status and per whole hours before $2

@@ -24,9 +24,12 @@ SELECT attempt, outcome, status_code, duration_ms, error, response_excerpt, star
 FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 
 -- name: replay_check
--- One delivery of a tenant, with the state of its channel, locked for the replay that follows.
-SELECT d.status, notifier_channel_state(c) AS channel_state
+-- One delivery of a tenant, with the state of its channel and whether its event's payload was
+-- expunged, locked for the replay that follows.
+SELECT d.status, notifier_channel_state(c) AS channel_state,
+       e.payload_expunged_at IS NOT NULL AS expunged
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
+JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
 WHERE d.tenant_id = $1 AND d.id = $2
 FOR UPDATE OF d;
 
@@ -35,7 +38,8 @@ FOR UPDATE OF d;
 -- DELIVERED), optionally only delivery $3, channel $4, event types matching pattern $5 (exact,
 -- 'prefix.*' or '*'), created in [$6, $7), coming after ($9, $10) in (created_at, id) order (a
 -- bulk replay's cursor); at most $8, oldest first. Only deliveries whose channel exists and is
--- enabled are taken. Returns their ids and creation times.
+-- enabled, and whose event's payload was not expunged (the message would carry no payload),
+-- are taken. Returns their ids and creation times.
 --
 -- Attempt numbers keep increasing across replays: the replay is an entry of the history of its
 -- own, a 'replayed' attempt row numbered after every entry before it (no error: nothing failed),
@@ -49,7 +53,7 @@ WITH picked AS (
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
     JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
-    WHERE d.tenant_id = $1 AND d.status = $2
+    WHERE d.tenant_id = $1 AND d.status = $2 AND e.payload_expunged_at IS NULL
       AND ($3::uuid IS NULL OR d.id = $3)
       AND ($4::uuid IS NULL OR d.channel_id = $4)
       AND ($5::text IS NULL OR notifier_type_matches($5, e.type))
@@ -100,7 +104,7 @@ SELECT EXISTS (
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
     JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
-    WHERE d.tenant_id = $1 AND d.status = $2
+    WHERE d.tenant_id = $1 AND d.status = $2 AND e.payload_expunged_at IS NULL
       AND ($3::uuid IS NULL OR d.channel_id = $3)
       AND ($4::text IS NULL OR notifier_type_matches($4, e.type))
       AND ($5::timestamptz IS NULL OR d.created_at >= $5)
