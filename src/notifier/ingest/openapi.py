@@ -257,6 +257,21 @@ def _event_paths() -> dict[str, Any]:
              **error_refs(400, 401, 404, 429, 503)},
         ),
     },
+    "/v1/events/{event_id}/payload": {
+        "parameters": [uuid_path("event_id", "event")],
+        "delete": op(
+            "expungeEventPayload", "events", "Expunge an event's payload, keep its deliveries",
+            {"200": answer("Expunged (or expunged before): the event, `payload` null, "
+                           "`payload_expunged_at` set.", EventDetail),
+             **error_refs(400, 401, 404, 409, 429, 503)},
+            description="For data-protection requests: the payload becomes `null` and the "
+            "response excerpts of the deliveries' attempts are removed; the event, its "
+            "deliveries and their attempts (statuses, codes, errors, times) stay. Again on an "
+            "expunged event: the same answer, nothing changes. 409 `deliveries_in_flight` "
+            "while a delivery of the event is PENDING or RETRYING (its message carries the "
+            "payload), writing nothing. A delivery of an expunged event is not replayed.",
+        ),
+    },
     }  # fmt: skip
 
 

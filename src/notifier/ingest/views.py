@@ -97,8 +97,12 @@ class EventView(_View):
 
 
 class EventDetail(EventView):
-    payload: dict[str, Any]
+    """An event with its payload: `null` once expunged (`DELETE /v1/events/{id}/payload`), and
+    `payload_expunged_at` is then when (else `null`)."""
+
+    payload: dict[str, Any] | None
     idempotency_key: str | None
+    payload_expunged_at: Timestamp | None
 
 
 class EventBatch(_View):

@@ -94,6 +94,11 @@ class ApiStore(Protocol):
 
     async def get_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event | None: ...
 
+    async def expunge_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event:
+        """Expunge the event's payload and its attempts' response excerpts
+        (``notifier.store.expunge``); ``NotFound`` or ``DeliveriesInFlight`` writing nothing."""
+        ...
+
     async def admit(self, key: str, count: int, *, capacity: int, rate: float) -> float:
         """The shared refilling bucket ``key`` of the ingest rate limit
         (``notifier.ratelimit.SharedBuckets.admit``)."""

@@ -4,10 +4,11 @@ API runs, and is tested, without Postgres.
 It keeps the rules the store's SQL keeps, as the API sees them: every call is a tenant's, an
 idempotency key replays its event for the same body and conflicts for another, a batch is stored
 whole or not at all, events fan out by ``notifier.testing.fanout_targets``, a change of a
-channel changes only the fields it names, and only finished deliveries of enabled channels are
-replayed. What it enqueues for the workers is kept in ``enqueued`` (delivery ids, in order);
-nothing moves a delivery afterwards unless a test ``settle``\\ s it. Set ``unavailable = True``
-to make every call raise ``StoreUnavailable`` (Postgres down).
+channel changes only the fields it names, only finished deliveries of enabled channels are
+replayed (none of an event whose payload was expunged), and a payload is expunged only when no
+delivery of its event is in flight. What it enqueues for the workers is kept in ``enqueued``
+(delivery ids, in order); nothing moves a delivery afterwards unless a test ``settle``\\ s it.
+Set ``unavailable = True`` to make every call raise ``StoreUnavailable`` (Postgres down).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import msgspec
 from notifier.store.api import ApiStore
 from notifier.store.errors import (
     ConfigChanged,
+    DeliveriesInFlight,
     IdempotencyConflict,
+    NotFound,
     UnknownChannels,
 )
 from notifier.store.rows import (
+    TERMINAL_STATUSES,
     Channel,
     ChannelChanges,
     Delivery,
@@ -268,4 +272,22 @@ class MemoryApiStore(MemoryApiDeliveries, ApiStore):
         stored = self.events.get(event_id)
         if stored is None or stored.tenant_id != tenant_id:
             return None
+        return self._current(stored)
+
+    async def expunge_event(self, tenant_id: uuid.UUID, event_id: uuid.UUID) -> Event:
+        """The rules of ``expunge_event`` (store/expunge.py): refused while a delivery is in
+        flight; the payload None and the time set once; the attempts' excerpts cleared."""
+        await self._call()
+        stored = self.events.get(event_id)
+        if stored is None or stored.tenant_id != tenant_id:
+            raise NotFound("event not found")
+        mine = [s for s in self.deliveries.values() if s.delivery.event_id == event_id]
+        if in_flight := sum(1 for s in mine if s.delivery.status not in TERMINAL_STATUSES):
+            raise DeliveriesInFlight(in_flight)
+        if stored.event.payload_expunged_at is None:
+            stored.event = msgspec.structs.replace(
+                stored.event, payload=None, payload_expunged_at=self._now()
+            )
+        for s in mine:
+            s.attempts = [msgspec.structs.replace(a, response_excerpt=None) for a in s.attempts]
         return self._current(stored)

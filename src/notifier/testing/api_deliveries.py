@@ -82,7 +82,10 @@ class MemoryApiDeliveries(MemoryApiState):
         stored = self.deliveries.get(delivery_id)
         if stored is None or stored.tenant_id != tenant_id:
             raise NotFound("delivery not found")
-        if refused := not_replayable(stored.delivery.status, self._channel_state(stored.delivery)):
+        if refused := not_replayable(
+            stored.delivery.status, self._channel_state(stored.delivery),
+            expunged=self._expunged(stored.delivery),
+        ):  # fmt: skip
             raise refused
         self._replay(stored)
 
@@ -104,7 +107,7 @@ class MemoryApiDeliveries(MemoryApiState):
             d = s.delivery
             return (
                 s.tenant_id == tenant_id and d.status == status
-                and self._channel_state(d) == "enabled"
+                and self._channel_state(d) == "enabled" and not self._expunged(d)
                 and (channel_id is None or d.channel_id == channel_id)
                 and (event_type is None
                      or pattern_matches(event_type, self.events[d.event_id].event.type))
@@ -162,7 +165,8 @@ class MemoryApiDeliveries(MemoryApiState):
         await self._call()
         return sum(
             1 for x in self._found(tenant_id, found_by)
-            if not replayable or self._channel_state(x.delivery) == "enabled"
+            if not replayable
+            or (self._channel_state(x.delivery) == "enabled" and not self._expunged(x.delivery))
         )  # fmt: skip
 
     async def hourly_counts(self, tenant_id: uuid.UUID, now: datetime) -> list[HourlyCount]:

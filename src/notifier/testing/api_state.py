@@ -27,7 +27,7 @@ from notifier.testing.buckets import MemoryBuckets
 @dataclass
 class StoredEvent:
     tenant_id: uuid.UUID
-    event: Event  # its deliveries as they were created
+    event: Event  # its deliveries as they were created; its payload None once expunged
     request_hash: str
 
 
@@ -95,6 +95,10 @@ class MemoryApiState:
 
     def _deliveries(self, tenant_id: uuid.UUID) -> list[Delivery]:
         return [s.delivery for s in self.deliveries.values() if s.tenant_id == tenant_id]
+
+    def _expunged(self, delivery: Delivery) -> bool:
+        """Whether the payload of the delivery's event was expunged."""
+        return self.events[delivery.event_id].event.payload_expunged_at is not None
 
     def _channel_state(self, delivery: Delivery) -> str:
         """The rule of the SQL function ``notifier_channel_state`` (schema.sql), in memory."""

@@ -1,5 +1,5 @@
-"""``/v1/events``: ingest one event or a batch (idempotent, rate limited per tenant) and read
-one back with its deliveries."""
+"""``/v1/events``: ingest one event or a batch (idempotent, rate limited per tenant), read one
+back with its deliveries, and expunge one's payload."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.events import new_event, new_ids
 from notifier.ingest.models import IDEMPOTENCY_HEADER_PATTERN, BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
+from notifier.store.errors import DeliveriesInFlight, NotFound
 from notifier.store.rows import Event, IngestResult, NewEvent
 
 routes = Blueprint("events", __name__)
@@ -36,7 +37,7 @@ def event_view(event: Event, *, with_payload: bool = False) -> EventView:
         return view
     return EventDetail(
         **msgspec.structs.asdict(view), payload=event.payload,
-        idempotency_key=event.idempotency_key,
+        idempotency_key=event.idempotency_key, payload_expunged_at=event.payload_expunged_at,
     )  # fmt: skip
 
 
@@ -150,4 +151,19 @@ async def get_event(event_id: uuid.UUID) -> Response:
     event = await api_context().store.get_event(await current_tenant(), event_id)
     if event is None:
         raise ApiError(404, "not_found", "event not found")
+    return json_response(event_view(event, with_payload=True))
+
+
+@routes.delete("/v1/events/<uuid:event_id>/payload")
+async def expunge_payload(event_id: uuid.UUID) -> Response:
+    """The event's payload and its deliveries' response excerpts removed, the event and its
+    deliveries kept: 200 with the event (again on an expunged event: the same answer). 409
+    while a delivery is PENDING or RETRYING (its message carries the payload)."""
+    tenant_id = await current_tenant()
+    try:
+        event = await api_context().store.expunge_event(tenant_id, event_id)
+    except NotFound as exc:
+        raise ApiError(404, "not_found", "event not found") from exc
+    except DeliveriesInFlight as exc:
+        raise ApiError(409, "deliveries_in_flight", str(exc)) from exc
     return json_response(event_view(event, with_payload=True))
