@@ -1,6 +1,6 @@
-"""``notifier migrate | run | check | tenant create|list|rotate-key|disable|enable``. Exit codes:
-0 ok, 1 runtime failure (``check``: a check failed), 2 bad usage or config (a schema that is not
-migrated, a tenant name taken or not found)."""
+"""``notifier migrate | run | check | tenant create|list|rotate-key|disable|enable|expunge``.
+Exit codes: 0 ok, 1 runtime failure (``check``: a check failed), 2 bad usage or config (a schema
+that is not migrated, a tenant name taken or not found)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 import secrets
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Literal
 
 import trio
@@ -29,6 +30,7 @@ from notifier.logs import setup_fallback_logging, setup_logging
 from notifier.observability import setup_sentry
 from notifier.store import open_store
 from notifier.store.errors import TenantExists
+from notifier.store.expunge import EXPUNGE_BATCH
 from notifier.store.versions import SchemaNotCurrent, SchemaState
 
 log = logging.getLogger("notifier")
@@ -37,6 +39,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 API_KEY_PREFIX = "nk_"
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 CHECK_TIMEOUT_SECONDS = 5.0  # each check of `notifier check`
+MAX_EXPUNGE_BATCH = 10_000  # `tenant expunge --batch-size`: a transaction stays short
 
 
 class UsageError(NotifierError):
@@ -50,6 +53,31 @@ def _tenant_name(value: str) -> str:
             f"invalid tenant name {value!r}: 1 to 100 letters, digits, '-', '_' or '.'"
         )
     return value
+
+
+def _utc_time(value: str) -> datetime:
+    """An ISO 8601 date (midnight UTC) or date and time (UTC unless it carries an offset)."""
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO date or date and time: {value!r} (e.g. 2026-01-31 or "
+            "2026-01-31T12:00:00, UTC)"
+        ) from None
+    if at.tzinfo is None:
+        return at.replace(tzinfo=UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC time
+        raise argparse.ArgumentTypeError(f"out of range in UTC: {value!r}") from None
+
+
+def _batch_size(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= MAX_EXPUNGE_BATCH:
+        raise argparse.ArgumentTypeError(
+            f"expected a number from 1 to {MAX_EXPUNGE_BATCH}, got {value!r}"
+        )
+    return int(value)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +122,21 @@ def _parser() -> argparse.ArgumentParser:
         tenant_sub.add_parser(verb, parents=[common], help=what).add_argument(
             "name", type=_tenant_name
         )
+    expunge = tenant_sub.add_parser(
+        "expunge", parents=[common],
+        help="expunge the payloads (and response excerpts) of the tenant's events created "
+        "before DATE that have no delivery in flight; print the counts",
+    )  # fmt: skip
+    expunge.add_argument("name", type=_tenant_name)
+    expunge.add_argument(
+        "--before", type=_utc_time, required=True, metavar="DATE",
+        help="ISO date or date and time, UTC unless it carries an offset; events created "
+        "before it (not at it) are expunged",
+    )  # fmt: skip
+    expunge.add_argument(
+        "--batch-size", type=_batch_size, default=EXPUNGE_BATCH, metavar="N",
+        help=f"events per transaction (default {EXPUNGE_BATCH})",
+    )  # fmt: skip
     return parser
 
 
@@ -256,6 +299,15 @@ async def _tenant(config: Config, args: argparse.Namespace) -> None:
                 print(json.dumps({"name": t.name, "id": str(t.id),
                                   "created_at": t.created_at.isoformat(),
                                   "enabled": t.enabled}))  # fmt: skip
+        elif verb == "expunge":
+            owner = await store.tenant_id_by_name(name)
+            if owner is None:
+                raise UsageError(f"no tenant named {name!r}")
+            done = await store.expunge_before(owner, args.before, batch_size=args.batch_size)
+            print(json.dumps({"name": name, "before": args.before.isoformat(),
+                              "expunged": done.expunged,
+                              "skipped_in_flight": done.skipped_in_flight,
+                              "batches": done.batches}))  # fmt: skip
         elif verb == "rotate-key":
             api_key = _new_key()
             if not await store.rotate_tenant_key(name, hash_api_key(api_key)):
