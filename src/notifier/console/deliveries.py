@@ -131,7 +131,8 @@ async def delivery(delivery_id: uuid.UUID) -> Response:
     channel = await store.get_channel(tenant_id, found.channel_id)
     return await page(
         "delivery.html", signed_in=True, delivery=found, event=event, channel=channel,
-        payload=json.dumps(event.payload, indent=2, ensure_ascii=False) if event else None,
+        payload=json.dumps(event.payload, indent=2, ensure_ascii=False)
+        if event and event.payload is not None else None,
         terminal=found.status in TERMINAL_STATUSES,
         notice=NOTICES.get(request.args.get("notice", "")),
     )  # fmt: skip
