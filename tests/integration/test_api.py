@@ -996,6 +996,7 @@ async def test_get_event_returns_payload_and_current_delivery_statuses(api: Api)
     assert got == posted | {
         "payload": {"n": 1, "nested": {"a": [1, "b"]}},
         "idempotency_key": "e-1",
+        "payload_expunged_at": None,
     }
     assert {d["channel_id"] for d in got["deliveries"]} == {api.a_channel["id"], second["id"]}
     assert all(d["status"] == "PENDING" for d in got["deliveries"])

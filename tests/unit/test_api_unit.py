@@ -346,6 +346,39 @@ async def test_a_delivery_of_a_disabled_channel_is_not_replayed(api: Api) -> Non
     assert "enable it first" in answer.body["error"]["message"]
 
 
+async def test_an_expunged_payload_is_gone_and_its_deliveries_are_not_replayed(api: Api) -> None:
+    channel = await api.channel()
+    event = await api.event(payload={"email": "ada@example.com"})
+    (delivery,) = event["deliveries"]
+    path = f"/v1/events/{event['id']}/payload"
+    in_flight = await api.call("DELETE", path)
+    assert (in_flight.status, error_code(in_flight)) == (409, "deliveries_in_flight")
+    assert (await api.call("GET", f"/v1/events/{event['id']}")).body["payload"] is not None
+
+    api.store.settle(uuid.UUID(delivery["id"]), "DEAD", response_excerpt="thanks, ada")
+    expunged = await api.call("DELETE", path)
+    assert expunged.status == 200, expunged.body
+    assert expunged.body["payload"] is None
+    assert expunged.body["payload_expunged_at"] is not None
+    assert (await api.call("GET", f"/v1/events/{event['id']}")).body == expunged.body
+    assert (await api.call("DELETE", path)).body == expunged.body  # again: the same
+    detail = (await api.call("GET", f"/v1/deliveries/{delivery['id']}")).body
+    assert (detail["status"], [a["response_excerpt"] for a in detail["attempts"]]) == (
+        "DEAD", [None],
+    )  # fmt: skip
+    assert (await api.call("DELETE", path, key="b")).status == 404
+    assert (await api.call("DELETE", f"/v1/events/{uuid.uuid4()}/payload")).status == 404
+
+    one = await api.call("POST", f"/v1/deliveries/{delivery['id']}/retry")
+    assert (one.status, error_code(one)) == (409, "not_replayable")
+    assert "expunged" in one.body["error"]["message"]
+    bulk = await api.call(
+        "POST", "/v1/deliveries/retry", json={"status": "DEAD", "channel_id": channel["id"]}
+    )
+    assert bulk.body == {"queued": 0, "more": False, "next_cursor": None}
+    assert api.store.enqueued == [uuid.UUID(delivery["id"])]  # at ingest only
+
+
 async def test_a_bulk_replay_walks_the_dead_deliveries_with_its_cursor(api: Api) -> None:
     await api.channel()
     ids = [(await api.event(payload={"n": n}))["deliveries"][0]["id"] for n in range(3)]
