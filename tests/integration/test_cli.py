@@ -320,3 +320,120 @@ async def test_rotate_disable_and_enable_a_tenant(
 
 async def _is(status: Awaitable[int], wanted: int) -> bool:
     return await status == wanted
+
+
+# -- tenant expunge -----------------------------------------------------------------------------
+
+
+async def add_event(url: str, tenant_id: uuid.UUID, created_at: str, *statuses: str) -> uuid.UUID:
+    """An event created at ``created_at`` with one delivery in each of ``statuses``, each with
+    an attempt that kept the receiver's answer."""
+    event_id = uuid.uuid4()
+    await sql(
+        url,
+        """INSERT INTO events (id, tenant_id, type, payload, created_at)
+           VALUES ($1, $2, 'order.created', '{"email": "ada@example.com"}',
+                   $3::text::timestamptz)""",
+        event_id, tenant_id, created_at,
+    )  # fmt: skip
+    for status in statuses:
+        delivery_id = uuid.uuid4()
+        await sql(
+            url,
+            """INSERT INTO deliveries (id, event_id, channel_id, tenant_id, channel_type, status,
+                                       attempt, max_attempts, created_at)
+               VALUES ($1, $2, gen_random_uuid(), $3, 'webhook', $4, 1, 5,
+                       $5::text::timestamptz)""",
+            delivery_id, event_id, tenant_id, status, created_at,
+        )  # fmt: skip
+        await sql(
+            url,
+            """INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms,
+                                              outcome, status_code, response_excerpt)
+               VALUES ($1, 1, now(), 5, 'delivered', 200, 'thanks, ada')""",
+            delivery_id,
+        )
+    return event_id
+
+
+async def test_tenant_expunge_takes_the_events_before_the_date_in_batches(
+    tmp_path: Path, database_url: str
+) -> None:
+    cfg = str(config_file(tmp_path, database_url))
+
+    async def cli(*args: str) -> dict[str, object] | None:
+        """The command's JSON answer (None for a line of text)."""
+        done = await trio.to_thread.run_sync(lambda: notifier(*args, "--config", cfg))
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, object] | None = (
+            json.loads(done.stdout) if done.stdout.startswith("{") else None
+        )
+        return answer
+
+    acme, other = [uuid.UUID(str((await cli("tenant", "create", name) or {})["id"]))
+                   for name in ("acme", "other")]  # fmt: skip
+    # Before 2026-01-02: three finished, one with a delivery in flight; at and after it: not.
+    old = [
+        await add_event(database_url, acme, "2026-01-01T10:00Z", "DELIVERED", "DEAD"),
+        await add_event(database_url, acme, "2026-01-01T11:00Z"),  # no delivery at all
+        await add_event(database_url, acme, "2026-01-01T23:59:59.999999Z", "DELIVERED"),
+    ]
+    busy = await add_event(database_url, acme, "2026-01-01T12:00Z", "DELIVERED", "RETRYING")
+    at_the_date = await add_event(database_url, acme, "2026-01-02T00:00Z", "DELIVERED")
+    others = await add_event(database_url, other, "2025-12-01T00:00Z", "DELIVERED")
+    await cli("tenant", "disable", "acme")  # a disabled tenant's payloads can be expunged too
+
+    async def expunged() -> set[uuid.UUID]:
+        rows = await sql(
+            database_url,
+            "SELECT id FROM events "
+            "WHERE payload = 'null'::jsonb AND payload_expunged_at IS NOT NULL",
+        )
+        return {r[0] for r in rows}
+
+    async def excerpts_left() -> set[uuid.UUID]:
+        rows = await sql(
+            database_url,
+            """SELECT DISTINCT d.event_id FROM delivery_attempts a
+               JOIN deliveries d ON d.id = a.delivery_id WHERE a.response_excerpt IS NOT NULL""",
+        )
+        return {r[0] for r in rows}
+
+    counts = "SELECT (SELECT count(*) FROM deliveries), (SELECT count(*) FROM delivery_attempts)"
+    rows_before = list((await sql(database_url, counts))[0])
+    # An offset is taken: this is 2026-01-02T00:00 UTC. Four events before it, two a batch:
+    # two full batches, and a third that finds none left.
+    done = await cli(
+        "tenant", "expunge", "acme", "--before", "2026-01-02T01:00:00+01:00", "--batch-size", "2"
+    )
+    assert done == {"name": "acme", "before": "2026-01-02T00:00:00+00:00", "expunged": 3,
+                    "skipped_in_flight": 1, "batches": 3}  # fmt: skip
+    assert await expunged() == set(old)
+    assert await excerpts_left() == {busy, at_the_date, others}
+    assert list((await sql(database_url, counts))[0]) == rows_before, "the history stays"
+
+    # Again, with a plain date: only the one in flight is left, and it still is.
+    again = await cli("tenant", "expunge", "acme", "--before", "2026-01-02")
+    assert again == {"name": "acme", "before": "2026-01-02T00:00:00+00:00", "expunged": 0,
+                     "skipped_in_flight": 1, "batches": 1}  # fmt: skip
+    assert await expunged() == set(old)
+
+
+def test_tenant_expunge_refuses_a_bad_date_or_an_unknown_tenant(
+    tmp_path: Path, database_url: str
+) -> None:
+    cfg = str(config_file(tmp_path, database_url))
+    for value in ["yesterday", "2026-13-01", "2026-01-01T25:00", ""]:
+        bad = notifier("tenant", "expunge", "acme", "--before", value, "--config", cfg)
+        assert bad.returncode == 2, value
+        assert "argument --before: not an ISO date or date and time" in bad.stderr, bad.stderr
+    missing = notifier("tenant", "expunge", "acme", "--config", cfg)
+    assert missing.returncode == 2
+    assert "--before" in missing.stderr
+    small = notifier("tenant", "expunge", "acme", "--before", "2026-01-01", "--batch-size", "0",
+                     "--config", cfg)  # fmt: skip
+    assert small.returncode == 2
+    assert "argument --batch-size" in small.stderr
+    unknown = notifier("tenant", "expunge", "nobody", "--before", "2026-01-01", "--config", cfg)
+    assert unknown.returncode == 2
+    assert "no tenant named 'nobody'" in unknown.stderr

@@ -1,5 +1,6 @@
-"""Schema states as an operator reads them, tenant names the CLI takes, and how long a rotated key
-or a disabled tenant is still admitted by a process that had looked it up (virtual time)."""
+"""Schema states as an operator reads them, tenant names and times the CLI takes, and how long a
+rotated key or a disabled tenant is still admitted by a process that had looked it up (virtual
+time)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from notifier.cli import _tenant_name
+from notifier.cli import _tenant_name, _utc_time
 from notifier.ingest.tenants import TENANT_CACHE_SECONDS, TenantCache
 from notifier.store.versions import LATEST, MIGRATIONS, SchemaState
 
@@ -72,3 +73,26 @@ async def test_a_rotated_key_is_refused_within_the_cache_bound(
     await trio.sleep(0.01)
     assert await cache.resolve_one("old-hash") is None
     assert TENANT_CACHE_SECONDS <= 5
+
+
+@pytest.mark.parametrize(
+    ("value", "utc"),
+    [
+        ("2026-01-02", "2026-01-02T00:00:00+00:00"),  # a date: its midnight, UTC
+        ("2026-01-02T10:30", "2026-01-02T10:30:00+00:00"),  # no offset: UTC
+        ("2026-01-02T10:30:00Z", "2026-01-02T10:30:00+00:00"),
+        ("2026-01-02T01:00:00+01:00", "2026-01-02T00:00:00+00:00"),  # an offset: converted
+        ("2026-01-02 10:30:00.5", "2026-01-02T10:30:00.500000+00:00"),
+    ],
+)
+def test_expunge_before_takes_an_iso_date_or_time_in_utc(value: str, utc: str) -> None:
+    assert _utc_time(value).isoformat() == utc
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "yesterday", "2026-02-30", "02/01/2026", "2026-01-02T24:01", "0001-01-01T00:00+01:00"],
+)
+def test_expunge_before_refuses_what_is_not_an_iso_date_or_time(value: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        _utc_time(value)
