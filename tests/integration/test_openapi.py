@@ -206,7 +206,7 @@ def test_the_live_service_keeps_its_openapi_document(
     assert done.returncode in (0, 1), shown  # 1: some check failed (sorted out below)
     # The run really tested the operations (it says so in its summary), all of them.
     assert "passed" in done.stdout, shown
-    assert "Operations:       17 selected / 17 total" in done.stdout, shown
+    assert "Operations:       18 selected / 18 total" in done.stdout, shown
     events = report_events(tmp_path / "report")
     kinds = {kind for event in events for kind in event}
     assert "EngineFinished" in kinds, shown

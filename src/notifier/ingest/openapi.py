@@ -215,9 +215,11 @@ def _event_paths() -> dict[str, Any]:
         "operationId": "listDeliveries", "parameters": {"query.event_id": "$response.body#/id"},
         "description": "The event's deliveries.",
     }  # fmt: skip
+    by_id = {"parameters": {"event_id": "$response.body#/id"}}
     event_links = {
-        "GetEvent": {"operationId": "getEvent", "parameters": {"event_id": "$response.body#/id"}},
+        "GetEvent": {"operationId": "getEvent", **by_id},
         "ListDeliveries": deliveries,
+        "ExpungeEventPayload": {"operationId": "expungeEventPayload", **by_id},
     }
     batch_links = {"ListDeliveriesOfTheFirst": {
         **deliveries, "parameters": {"query.event_id": "$response.body#/events/0/id"},
