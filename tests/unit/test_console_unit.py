@@ -196,6 +196,23 @@ async def test_an_event_page_shows_its_payload_and_deliveries(browser: Browser) 
         assert f"/console/deliveries/{d['id']}" in body
 
 
+async def test_an_expunged_payload_reads_expunged_on_the_event_and_delivery_pages(
+    browser: Browser,
+) -> None:
+    await channel(browser)
+    delivery = await event(browser, "order.created", {"email": "ada@example.com"})
+    browser.store.settle(uuid.UUID(delivery), "DELIVERED", response_excerpt="thanks, ada")
+    event_id = browser.store.deliveries[uuid.UUID(delivery)].delivery.event_id
+    await browser.store.expunge_event(browser.tenants["a"], event_id)
+    await browser.sign_in()
+    for path in (f"/console/events/{event_id}", f"/console/deliveries/{delivery}"):
+        status, body, _ = await browser.get(path)
+        assert status == 200
+        assert 'id="payload-expunged">Expunged at ' in body
+        assert "ada" not in body
+        assert 'id="payload"' not in body
+
+
 # -- channels -----------------------------------------------------------------------------------
 
 
