@@ -110,20 +110,15 @@ SELECT name, id FROM tenants WHERE name = ANY($1::text[]) AND enabled;
 -- The channels among $1, with their tenants: a batch may span tenants.
 SELECT tenant_id, id FROM channels WHERE id = ANY($1::uuid[]);
 
--- Expunging payloads (store/expunge.py): an event's payload becomes JSON null and
--- payload_expunged_at says since when; its deliveries' attempts lose their response_excerpt;
--- the event, its deliveries and their attempts stay. Never while a delivery of the event is
--- PENDING or RETRYING (its message carries the payload): an expunge locks the events, then all
--- their deliveries, and decides on what it then reads; a replay locks the deliveries, so the two
--- wait for each other, and a replay after an expunge finds the event expunged (replay) and
--- takes nothing.
-
--- name: expunge_tenant_id
--- The tenant named $1, enabled or not (a disabled tenant's payloads can be expunged too).
-SELECT id FROM tenants WHERE name = $1;
-
 -- name: expunge_lock_event
--- Event $2 of tenant $1, locked for the expunge that follows.
+-- Expunging payloads (store/expunge.py, the queries expunge_*): an event's payload becomes JSON
+-- null and payload_expunged_at says since when; its deliveries' attempts lose their
+-- response_excerpt; the event, its deliveries and their attempts stay. Never while a delivery
+-- of the event is PENDING or RETRYING (its message carries the payload): an expunge locks the
+-- events, then all their deliveries, and decides on what it then reads; a replay locks the
+-- deliveries, so the two wait for each other, and a replay after an expunge finds the event
+-- expunged (replay) and takes nothing.
+-- This one: event $2 of tenant $1, locked for the expunge that follows.
 SELECT e.id FROM events e
 WHERE e.tenant_id = $1 AND e.id = $2
 FOR NO KEY UPDATE OF e;
@@ -173,3 +168,6 @@ queued AS (
 )
 SELECT count(*) AS expunged FROM ev;
 
+-- name: expunge_tenant_id
+-- The tenant named $1, enabled or not (a disabled tenant's payloads can be expunged too).
+SELECT id FROM tenants WHERE name = $1;
