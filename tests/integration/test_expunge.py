@@ -290,11 +290,16 @@ async def waiting_for_a_lock(db: str) -> bool:
     return waiting > 0
 
 
-async def test_a_replay_waiting_for_an_expunge_finds_the_event_expunged(api: Api) -> None:
+async def dead_event(api: Api) -> tuple[uuid.UUID, uuid.UUID]:
+    """An event of tenant A and its one delivery, DEAD: the ids of both."""
     event = await post_event(api.a, payload=PAYLOAD)
-    ((delivery_id, event_id),) = [(uuid.UUID(d["id"]), uuid.UUID(event["id"]))
-                                  for d in event["deliveries"]]  # fmt: skip
-    await settle(api, str(delivery_id), "DEAD")
+    (delivery,) = event["deliveries"]
+    await settle(api, delivery["id"], "DEAD")
+    return uuid.UUID(event["id"]), uuid.UUID(delivery["id"])
+
+
+async def test_a_replay_waiting_for_an_expunge_finds_the_event_expunged(api: Api) -> None:
+    event_id, delivery_id = await dead_event(api)
     tenant = api.tenant_a
     expunge = [
         (Q["expunge_lock_event"], (tenant, event_id)),
@@ -310,14 +315,11 @@ async def test_a_replay_waiting_for_an_expunge_finds_the_event_expunged(api: Api
         await while_held(api, expunge, replay)
     status = await scalar(api.db, "SELECT status FROM deliveries WHERE id = $1", delivery_id)
     assert status == "DEAD"
-    assert await outbox_rows(api, event["id"]) == 0
+    assert await outbox_rows(api, str(event_id)) == 0
 
 
 async def test_an_expunge_waiting_for_a_replay_finds_the_delivery_in_flight(api: Api) -> None:
-    event = await post_event(api.a, payload=PAYLOAD)
-    ((delivery_id, event_id),) = [(uuid.UUID(d["id"]), uuid.UUID(event["id"]))
-                                  for d in event["deliveries"]]  # fmt: skip
-    await settle(api, str(delivery_id), "DEAD")
+    event_id, delivery_id = await dead_event(api)
     tenant = api.tenant_a
     replay = [(Q["replay"], (tenant, "DEAD", delivery_id, None, None, None, None, 1, None, None))]
     async with open_store(api.db, max_size=2) as store:

@@ -266,12 +266,10 @@ def _event_paths() -> dict[str, Any]:
             {"200": answer("Expunged (or expunged before): the event, `payload` null, "
                            "`payload_expunged_at` set.", EventDetail),
              **error_refs(400, 401, 404, 409, 429, 503)},
-            description="For data-protection requests: the payload becomes `null` and the "
-            "response excerpts of the deliveries' attempts are removed; the event, its "
-            "deliveries and their attempts (statuses, codes, errors, times) stay. Again on an "
-            "expunged event: the same answer, nothing changes. 409 `deliveries_in_flight` "
-            "while a delivery of the event is PENDING or RETRYING (its message carries the "
-            "payload), writing nothing. A delivery of an expunged event is not replayed.",
+            description="The payload becomes `null`, the attempts' response excerpts go; the "
+            "event, its deliveries and their attempts stay. Again: the same answer. 409 "
+            "`deliveries_in_flight` while a delivery is PENDING or RETRYING (its message "
+            "carries the payload). A delivery of an expunged event is not replayed.",
         ),
     },
     }  # fmt: skip
