@@ -111,6 +111,8 @@ CREATE TABLE IF NOT EXISTS events (
 -- is JSON null (never an event's payload otherwise: that is an object) since this time; NULL
 -- while the payload is there (migrations/0009).
 ALTER TABLE events ADD COLUMN IF NOT EXISTS payload_expunged_at timestamptz NULL;
+-- A tenant's events in time order: `notifier tenant expunge --before` walks them.
+CREATE INDEX IF NOT EXISTS events_tenant_created_idx ON events (tenant_id, created_at, id);
 
 -- An event's idempotency key, unique per tenant for as long as the event is kept: a unique index
 -- of a partitioned table must hold its partition key, so the keys have a table of their own,

@@ -329,6 +329,8 @@ async def add_event(url: str, tenant_id: uuid.UUID, created_at: str, *statuses: 
     """An event created at ``created_at`` with one delivery in each of ``statuses``, each with
     an attempt that kept the receiver's answer."""
     event_id = uuid.uuid4()
+    await sql(url, "SELECT notifier_partitions_ensure(d, d) FROM (SELECT "
+                   "($1::text::timestamptz AT TIME ZONE 'UTC')::date AS d) AS day", created_at)
     await sql(
         url,
         """INSERT INTO events (id, tenant_id, type, payload, created_at)
@@ -349,8 +351,10 @@ async def add_event(url: str, tenant_id: uuid.UUID, created_at: str, *statuses: 
         await sql(
             url,
             """INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms,
-                                              outcome, status_code, response_excerpt)
-               VALUES ($1, 1, now(), 5, 'delivered', 200, 'thanks, ada')""",
+                                              outcome, status_code, response_excerpt,
+                                              delivery_created_at)
+               SELECT $1, 1, now(), 5, 'delivered', 200, 'thanks, ada', created_at
+               FROM deliveries WHERE id = $1""",
             delivery_id,
         )
     return event_id

@@ -51,8 +51,9 @@ async def settle(api: Api, delivery_id: str, status: str, excerpt: str | None = 
     await sql(
         api.db,
         """INSERT INTO delivery_attempts (delivery_id, attempt, started_at, duration_ms, outcome,
-                                          status_code, error, response_excerpt)
-           VALUES ($1, 1, now(), 7, $2, $3, $4, $5)""",
+                                          status_code, error, response_excerpt,
+                                          delivery_created_at)
+           SELECT $1, 1, now(), 7, $2, $3, $4, $5, created_at FROM deliveries WHERE id = $1""",
         uuid.UUID(delivery_id), outcome, 200 if status == "DELIVERED" else 500,
         None if status == "DELIVERED" else "HTTP 500", excerpt,
     )  # fmt: skip
