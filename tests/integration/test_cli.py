@@ -329,8 +329,12 @@ async def add_event(url: str, tenant_id: uuid.UUID, created_at: str, *statuses: 
     """An event created at ``created_at`` with one delivery in each of ``statuses``, each with
     an attempt that kept the receiver's answer."""
     event_id = uuid.uuid4()
-    await sql(url, "SELECT notifier_partitions_ensure(d, d) FROM (SELECT "
-                   "($1::text::timestamptz AT TIME ZONE 'UTC')::date AS d) AS day", created_at)
+    await sql(
+        url,
+        "SELECT notifier_partitions_ensure(d, d) FROM (SELECT "
+        "($1::text::timestamptz AT TIME ZONE 'UTC')::date AS d) AS day",
+        created_at,
+    )
     await sql(
         url,
         """INSERT INTO events (id, tenant_id, type, payload, created_at)
