@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import msgspec
 import trio
 
 from notifier.adapters.webhook import generate_secret
@@ -391,6 +392,43 @@ async def test_channel_health_counts_failures_and_disables_a_channel_failing_too
         health = resp.json()["health"]
         assert (resp.json()["disabled_reason"], health["consecutive_failures"]) == (None, 0)
         assert health["failing_since"] is None
+
+
+async def test_the_workers_reads_take_the_day_their_messages_name_and_a_wrong_one_costs_nothing(
+    database_url: str, broker_url: str
+) -> None:
+    config = make_config(database_url, broker_url)
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        await create_channel(api, "http://127.0.0.1:9/hook")
+        today, old = (await post_event(api))[0], (await post_event(api))[0]
+    await move_to_day(database_url, old, 3)
+    created = {
+        str(r[0]): r[1] for r in await sql(database_url, "SELECT id, created_at FROM deliveries")
+    }
+    wrong = created[today] - timedelta(days=5)  # a day that holds neither
+    async with connected(database_url) as store:
+        keys = [(uuid.UUID(today), created[today]), (uuid.UUID(old), created[old])]
+        states = await store.delivery_states(keys)
+        assert [s.status if s else None for s in states] == ["PENDING", "PENDING"]
+        # A day that does not hold the delivery: found all the same, in every partition.
+        states = await store.delivery_states([(uuid.UUID(today), wrong), (uuid.UUID(old), None)])
+        assert [s.status if s else None for s in states] == ["PENDING", "PENDING"]
+        assert await store.delivery_states([(uuid.uuid4(), wrong)]) == [None]
+        rec = attempt(today, "delivered", datetime.now(UTC))
+        moved = await store.record_attempts([
+            msgspec.structs.replace(rec, created_at=wrong),
+            msgspec.structs.replace(attempt(old, "retry", datetime.now(UTC)),
+                                    created_at=created[old]),
+        ])  # fmt: skip
+        assert moved == [True, True]
+    rows = await sql(database_url, "SELECT d.id::text, d.status, a.outcome, a.delivery_created_at"
+                                   " FROM deliveries d JOIN delivery_attempts a ON a.delivery_id ="
+                                   " d.id ORDER BY d.created_at")  # fmt: skip
+    assert [tuple(r) for r in rows] == [
+        (old, "RETRYING", "retry", created[old]),
+        (today, "DELIVERED", "delivered", created[today]),
+    ]
 
 
 async def test_deliveries_of_a_channel_disabled_for_failing_end_dead_without_an_attempt(

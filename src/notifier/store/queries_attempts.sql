@@ -7,14 +7,21 @@
 -- number of the delivery's latest replay (`replay` in queries_deliveries.sql; a replay's row
 -- from before the numbers kept increasing has a note in `error` and does not count), 0 for
 -- none: the backoff starts again after it. One probe of delivery_attempts_replays_idx, which
--- holds the replays alone.
+-- holds the replays alone. [$2, $3]: when the deliveries were created (their messages say), so
+-- only the partitions of those days are read, when the statement is planned or as it starts;
+-- NULL: from the beginning, to the end of time.
 SELECT d.id, d.status, d.attempt, notifier_channel_state(c) AS channel_state,
        c.disabled_reason, c.rate_limit_per_second,
        coalesce((SELECT max(a.attempt) FROM delivery_attempts a
-                 WHERE a.delivery_id = d.id AND a.outcome = 'replayed' AND a.error IS NULL),
+                 WHERE a.delivery_id = d.id AND a.delivery_created_at = d.created_at
+                   AND a.delivery_created_at >= coalesce($2::timestamptz, '-infinity')
+                   AND a.delivery_created_at <= coalesce($3::timestamptz, 'infinity')
+                   AND a.outcome = 'replayed' AND a.error IS NULL),
                 0) AS replayed_at
 FROM deliveries d LEFT JOIN channels c ON c.id = d.channel_id
-WHERE d.id = ANY($1::uuid[]);
+WHERE d.id = ANY($1::uuid[])
+  AND d.created_at >= coalesce($2::timestamptz, '-infinity')
+  AND d.created_at <= coalesce($3::timestamptz, 'infinity');
 
 -- name: attempt_record_batch
 -- Settle attempts (one row of each array per attempt): move each delivery forward (never out of
@@ -28,6 +35,10 @@ WHERE d.id = ANY($1::uuid[]);
 -- error as the reason) or when it has been failing without a success for longer than $12
 -- seconds (0 = never). Channel rows are locked in id order, so concurrent batches cannot
 -- deadlock on them.
+--
+-- [$13, $14]: when the deliveries were created (their messages say), so only the partitions of
+-- those days are read (as in delivery_states). Returns, per input row, whether its delivery was
+-- found there too.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
                          $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[],
@@ -41,6 +52,8 @@ counted AS (
                OVER (PARTITION BY d.channel_id) AS last_success
     FROM input r JOIN deliveries d ON d.id = r.delivery_id
     WHERE r.outcome IN ('delivered', 'retry', 'dead')
+      AND d.created_at BETWEEN coalesce($13::timestamptz, '-infinity')
+                     AND coalesce($14::timestamptz, 'infinity')
 ),
 per_channel AS (
     SELECT channel_id,
@@ -103,6 +116,8 @@ upd AS (
         updated_at = now()
     FROM input r
     WHERE d.id = r.delivery_id AND d.status NOT IN ('DELIVERED', 'DEAD') AND d.attempt <= r.attempt
+      AND d.created_at BETWEEN coalesce($13::timestamptz, '-infinity')
+                     AND coalesce($14::timestamptz, 'infinity')
     RETURNING d.id
 ),
 ins AS (
@@ -112,5 +127,10 @@ ins AS (
     SELECT r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.outcome, r.status_code, r.error,
            r.response_excerpt, d.created_at
     FROM input r JOIN deliveries d ON d.id = r.delivery_id
+    WHERE d.created_at BETWEEN coalesce($13::timestamptz, '-infinity')
+                     AND coalesce($14::timestamptz, 'infinity')
+    RETURNING delivery_id
 )
-SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS moved FROM input r;
+SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS moved,
+       EXISTS (SELECT 1 FROM ins WHERE ins.delivery_id = r.delivery_id) AS found
+FROM input r;

@@ -137,6 +137,9 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     response_excerpt: str | None = None
     next_attempt_at: datetime | None = None
     disable_channel: bool = False  # the destination is gone: disable the channel too
+    # The delivery's created_at (its event's, which its message carries): the day of history
+    # that holds it, so the statement reads one partition. None: looked for in every one.
+    created_at: datetime | None = None
 
 
 class OutboxRow(msgspec.Struct, frozen=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import msgspec
 import trio
@@ -54,7 +55,9 @@ class MemoryDeliveries:
         if self.unavailable:
             raise StoreUnavailable("memory store is unavailable")
 
-    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
+    async def delivery_state(
+        self, delivery_id: uuid.UUID, created_at: datetime | None = None
+    ) -> DeliveryState | None:
         await trio.lowlevel.checkpoint()
         self._check()
         return self.states.get(delivery_id)

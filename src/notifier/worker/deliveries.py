@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Protocol
 
 import trio
@@ -22,7 +23,7 @@ def _stopped() -> StoreUnavailable:
 
 class BatchStore(Protocol):
     async def delivery_states(
-        self, delivery_ids: Sequence[uuid.UUID]
+        self, keys: Sequence[tuple[uuid.UUID, datetime | None]]
     ) -> list[DeliveryState | None]: ...
 
     async def record_attempts(
@@ -46,8 +47,10 @@ class BatchedDeliveries:
             max_batch=max_batch, shield_seconds=RECORD_TIMEOUT_SECONDS, closed=_stopped,
         )  # fmt: skip
 
-    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None:
-        return await self._states(delivery_id)
+    async def delivery_state(
+        self, delivery_id: uuid.UUID, created_at: datetime | None = None
+    ) -> DeliveryState | None:
+        return await self._states((delivery_id, created_at))
 
     async def record_attempt(self, rec: AttemptRecord) -> bool:
         return await self._records(rec)

@@ -55,7 +55,9 @@ DEADLINE_BACKSTOP_SECONDS = 1.0
 
 
 class DeliveryStore(Protocol):
-    async def delivery_state(self, delivery_id: uuid.UUID) -> DeliveryState | None: ...
+    async def delivery_state(
+        self, delivery_id: uuid.UUID, created_at: datetime | None = None
+    ) -> DeliveryState | None: ...
 
     async def record_attempt(self, rec: AttemptRecord) -> bool: ...
 
@@ -191,6 +193,7 @@ class Handler:
         record = AttemptRecord(
             delivery_id=message.delivery_id, attempt=message.attempt, status="DEAD",
             outcome="panic", started_at=datetime.now(UTC), duration_ms=0, error=error,
+            created_at=message.created_at,
         )  # fmt: skip
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
             try:
@@ -201,7 +204,7 @@ class Handler:
         return False
 
     async def _handle(self, message: WorkerMessage, message_id: str | None) -> Settle:
-        state = await self._store.delivery_state(message.delivery_id)
+        state = await self._store.delivery_state(message.delivery_id, message.created_at)
         if state is None or state.status in TERMINAL_STATUSES or state.attempt >= message.attempt:
             # Deleted, already finished, or a copy of an attempt that was already made.
             log.debug(
@@ -247,6 +250,7 @@ class Handler:
             response_excerpt=attempted.response_excerpt,
             next_attempt_at=decision.next_attempt_at,
             disable_channel=attempted.disable_channel,
+            created_at=message.created_at,
         )
         # The attempt happened: carry the decision out even while shutting down (bounded).
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
