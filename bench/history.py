@@ -158,7 +158,8 @@ def due_suffixes(suffixes: list[str], day: datetime.date, retention_days: int) -
 
 def spread(values: list[int]) -> float:
     """(largest - smallest) / smallest: how far from flat a series of sizes is."""
-    return (max(values) - min(values)) / min(values) if values and min(values) else 0.0
+    low, high = min(values, default=0), max(values, default=0)
+    return (high - low) / low if low else 0.0
 
 
 def mib(n: float) -> str:
@@ -580,9 +581,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
         if series := m.get(way):
             axes[0].plot(series["day"], [v / 2**20 for v in series["size"]], marker=".",
                          label=label)  # fmt: skip
-            wal = [a + b for a, b in zip(series["wal_retention"], series["wal_vacuum"],
-                                         strict=True)]  # fmt: skip
-            axes[1].plot(series["day"], [max(v, 1) / 2**20 for v in wal], marker=".",
+            # the days whose retention took something: the others wrote nothing of their own
+            took = [i for i, gone in enumerate(series["days_removed"]) if gone]
+            axes[1].plot([series["day"][i] for i in took],
+                         [(series["wal_retention"][i] + series["wal_vacuum"][i]) / 2**20
+                          for i in took], marker=".",
                          label=label + (" + VACUUM" if way == "delete" else ""))  # fmt: skip
     for ax in axes:
         ax.axvline(r + 1.5, color="grey", linewidth=0.8)
@@ -596,7 +599,8 @@ def chart(result: dict[str, Any], path: Path) -> None:
         fontsize=10,
     )
     axes[1].set_yscale("log")
-    axes[1].set_title("WAL of each day's retention (MiB)", fontsize=10)
+    axes[1].set_title("WAL of each day's retention (MiB; the server's, any database)",
+                      fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
