@@ -47,15 +47,37 @@ def main() -> int:
                         help="frames kept per allocation (more: slower)")  # fmt: skip
     parser.add_argument("--history", action="store_true",
                         help="only ingest and delivery with a large history against the empty "
-                             "database, and one day's retention")  # fmt: skip
+                             "database, one day dropped against one deleted, and a simulated "
+                             "month with retention on")  # fmt: skip
     parser.add_argument("--history-rows", type=int, default=10_000_000, metavar="N",
                         help="with --history: deliveries in it (default 10,000,000)")  # fmt: skip
     parser.add_argument("--history-days", type=int, default=30, metavar="DAYS",
                         help="with --history: days the history spans (default 30)")  # fmt: skip
+    parser.add_argument("--history-month-days", type=int, default=history.MONTH_DAYS,
+                        metavar="DAYS",
+                        help="with --history: days of the simulated month with retention on "
+                             f"(default {history.MONTH_DAYS}; 0: no month)")  # fmt: skip
+    parser.add_argument("--history-month-rows", type=int, default=history.MONTH_ROWS,
+                        metavar="N",
+                        help="with --history: deliveries a simulated day "
+                             f"(default {history.MONTH_ROWS:,})")  # fmt: skip
+    parser.add_argument("--history-month-retention", type=int, default=history.MONTH_RETENTION,
+                        metavar="DAYS",
+                        help="with --history: the month's retention_days "
+                             f"(default {history.MONTH_RETENTION})")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    if args.history:
+        if args.history_days < 2 or args.history_rows < args.history_days:
+            parser.error("--history needs 2 days or more and a delivery a day at least")
+        if args.history_month_days and not (
+            0 < args.history_month_retention < args.history_month_days
+            and args.history_month_rows > 0
+        ):
+            parser.error("the month needs more days than its retention_days (1 or more) and "
+                         "a delivery a day at least")  # fmt: skip
     for tool in ("wrk", "nginx"):
         if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists()):
             print(f"bench: {tool} is missing (apt-get install -y wrk nginx-light)", file=sys.stderr)
@@ -101,7 +123,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     if args.chart:
-        report.chart(result, args.chart)
+        (history.chart if args.history else report.chart)(result, args.chart)
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -260,10 +260,12 @@ class Bench(Harness):
             if a.webhook_id in created
         ]
 
-    def history_stages(self, secs: float, backlog: int, rows: int, days: int) -> None:
+    def history_stages(self, secs: float, backlog: int, rows: int, days: int,
+                       month: tuple[int, int, int]) -> None:  # fmt: skip
         """Ingest (``POST /v1/events``) and delivery on the empty database, then the same with a
-        history of ``rows`` deliveries over ``days`` days (bench/history.py), then one day of
-        retention."""
+        history of ``rows`` deliveries over ``days`` days (bench/history.py), then one day
+        dropped against one day deleted, then the simulated month (``month``: days, deliveries
+        a day, retention_days; no month when its days are 0)."""
         from notifier.config import RetryConfig
 
         def stages(when: str) -> None:
@@ -278,11 +280,15 @@ class Bench(Harness):
                        start)  # fmt: skip
             self.stop_subject()
 
+        tiers = RetryConfig().tiers_seconds
         stages("empty")
-        self.history_result = history.build(self.scratch, rows, days, RetryConfig().tiers_seconds,
-                                     self.say)  # fmt: skip
+        self.history_result = history.build(self.scratch, rows, days, tiers, self.say)
         stages("history")
         history.retention(self.scratch, self.history_result, self.say)
+        month_days, month_rows, month_retention = month
+        if month_days:
+            self.history_result.month = history.month(month_days, month_rows, month_retention,
+                                                      tiers, self.say)  # fmt: skip
 
     # -- the whole run --
 
@@ -308,7 +314,9 @@ class Bench(Harness):
             self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
             return
         if a.history:
-            self.history_stages(secs, backlog, a.history_rows, a.history_days)
+            self.history_stages(secs, backlog, a.history_rows, a.history_days,
+                                (a.history_month_days, a.history_month_rows,
+                                 a.history_month_retention))  # fmt: skip
             return
 
         self.ingest_stages(secs)

@@ -52,13 +52,17 @@ class Scratch:
         self._amqp: aiormq.abc.AbstractConnection | None = None
         self._ch: aiormq.abc.AbstractChannel | None = None
         self.created = False
+        self.broker = True  # a RabbitMQ vhost of its own (create)
         # Postgres's clock when the database was made: every event the stages make is younger,
         # and the queries below look at those alone (a history is older, bench/history.py)
         self.since: Any = None
 
     # -- life cycle --
 
-    def create(self, sink_url: str) -> None:
+    def create(self, sink_url: str, *, broker: bool = True) -> None:
+        """The database with schema.sql, the tenant and its channel; and, with ``broker``, the
+        vhost with notifier's topology (a database for Postgres alone: ``broker=False``)."""
+
         async def admin(sql: str) -> None:
             conn = await asyncpg.connect(f"{PG}/postgres")
             try:
@@ -68,8 +72,10 @@ class Scratch:
 
         self.loop.run(admin(f'CREATE DATABASE "{self.name}"'))
         self.created = True
-        rabbitmqctl("add_vhost", self.name)
-        rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
+        self.broker = broker
+        if broker:
+            rabbitmqctl("add_vhost", self.name)
+            rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
         self._conn = self.loop.run(asyncpg.connect(self.db_url))
         self.since = self.value("SELECT now()")
         self.execute(SCHEMA_PATH.read_text())
@@ -96,7 +102,8 @@ class Scratch:
             "VALUES ($1, $2, 'webhook', 'sink', $3::jsonb)",
             self.channel_id, self.tenant, _json(config),
         )  # fmt: skip
-        self.loop.run(self._open_amqp())
+        if broker:
+            self.loop.run(self._open_amqp())
 
     async def _open_amqp(self) -> None:
         self._amqp = await aiormq.connect(self.amqp_url)
@@ -132,7 +139,8 @@ class Scratch:
         try:
             if self.created:
                 self.loop.run(close())
-                rabbitmqctl("delete_vhost", self.name)
+                if self.broker:
+                    rabbitmqctl("delete_vhost", self.name)
         finally:
             self.loop.close()
 
@@ -205,15 +213,20 @@ class Scratch:
         )  # fmt: skip
         return {r["id"]: r["at"] for r in rows}
 
-    def retention_batch(self, sql: str, days: int, limit: int, timeout_ms: int) -> int:
-        """One batch of the maintenance role's retention statement ``sql``, in a transaction of
-        its own with the role's statement timeout: how many events it deleted."""
+    def in_transaction(self, sql: str, *args: Any, statement_timeout_ms: int,
+                       lock_timeout_ms: int | None = None) -> list[asyncpg.Record]:  # fmt: skip
+        """``sql`` in a transaction of its own with ``SET LOCAL statement_timeout`` (and
+        ``lock_timeout`` when given), as the maintenance role runs its statements: its rows."""
 
-        async def run() -> int:
+        async def run() -> list[asyncpg.Record]:
             assert self._conn is not None
             async with self._conn.transaction():
-                await self._conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
-                return len(await self._conn.fetch(sql, days, limit))
+                await self._conn.execute(
+                    f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}"
+                )
+                if lock_timeout_ms is not None:
+                    await self._conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+                return list(await self._conn.fetch(sql, *args))
 
         return self.loop.run(run())
 
