@@ -125,14 +125,20 @@ async def run(args: argparse.Namespace) -> None:
     acks = Acks(channel)
     inbox: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
 
-    async def states(ids: list[uuid.UUID]) -> list[asyncpg.Record | None]:
-        rows = await pool.fetch(Q["delivery_states"], ids)
+    # Each delivery with its created_at (its message's): the statements read the partitions of
+    # the days from the batch's first to its last, as notifier's store does.
+    async def states(keys: list[tuple[uuid.UUID, datetime]]) -> list[asyncpg.Record | None]:
+        ids, created = [k[0] for k in keys], [k[1] for k in keys]
+        rows = await pool.fetch(Q["delivery_states"], ids, min(created), max(created))
         found = {r["id"]: r for r in rows}
         return [found.get(i) for i in ids]
 
     async def record(recs: list[tuple[Any, ...]]) -> list[bool]:
-        columns = [list(c) for c in zip(*recs, strict=True)]
-        rows = await pool.fetch(Q["attempt_record_batch"], *columns, 0.0)
+        columns = [list(c) for c in zip(*(r[:-1] for r in recs), strict=True)]
+        created = [r[-1] for r in recs]
+        rows = await pool.fetch(
+            Q["attempt_record_batch"], *columns, 0.0, min(created), max(created)
+        )
         moved = {r["delivery_id"]: r["moved"] for r in rows}
         return [bool(moved.get(r[0])) for r in recs]
 
@@ -166,7 +172,7 @@ async def run(args: argparse.Namespace) -> None:
         while True:
             tag, raw = await inbox.get()
             message = decode_message(raw)
-            state = await state_of(message.delivery_id)
+            state = await state_of((message.delivery_id, message.created_at))
             if (
                 state is not None
                 and state["status"] not in ("DELIVERED", "DEAD")
@@ -179,6 +185,7 @@ async def run(args: argparse.Namespace) -> None:
                 await record_attempt((
                     message.delivery_id, message.attempt, status, outcome, started,
                     int((time.monotonic() - t0) * 1000), code, error, excerpt, None, False,
+                    message.created_at,
                 ))  # fmt: skip
             acks.settle(tag)
 

@@ -92,7 +92,7 @@ async def _timed(
 async def _round(
     store: Store, tenant: uuid.UUID, n: int, totals: Totals | None, bouncer_pid: int | None
 ) -> None:
-    ids: list[uuid.UUID] = []
+    ids: list[tuple[uuid.UUID, datetime]] = []
 
     async def ingest() -> None:
         for _ in range(n):
@@ -102,16 +102,17 @@ async def _round(
                 channel_ids=None,
             )  # fmt: skip
             (result,) = await store.ingest(tenant, [event], {"webhook": 5})
-            ids.append(result.event.deliveries[0].id)
+            ids.append((result.event.deliveries[0].id, result.event.created_at))
 
     async def read_and_settle() -> None:
-        for delivery_id in ids:
-            await store.delivery_states([delivery_id])
+        for delivery_id, created_at in ids:
+            await store.delivery_states([(delivery_id, created_at)])
             now = datetime.now(UTC)
             await store.record_attempts([
                 AttemptRecord(
                     delivery_id=delivery_id, attempt=1, status="DELIVERED",
                     outcome="delivered", started_at=now, duration_ms=1, status_code=200,
+                    created_at=created_at,
                 )
             ])  # fmt: skip
 
@@ -121,7 +122,7 @@ async def _round(
 
 
 async def _statement_alone(
-    connections: dict[str, tuple[str, int]], ids: list[uuid.UUID], rounds: int
+    connections: dict[str, tuple[str, int]], ids: list[tuple[uuid.UUID, datetime]], rounds: int
 ) -> dict[str, float]:
     """Asyncio-flavoured. Median seconds per ``delivery_states`` statement on plain asyncpg
     connections (name -> (url, statement cache size)), in chunks of 20 interleaved across the
@@ -136,8 +137,8 @@ async def _statement_alone(
             for start in range(0, len(ids), 20):
                 for name, conn in conns.items():
                     began = time.perf_counter()
-                    for delivery_id in ids[start : start + 20]:
-                        await conn.fetch(Q["delivery_states"], [delivery_id])
+                    for delivery_id, at in ids[start : start + 20]:
+                        await conn.fetch(Q["delivery_states"], [delivery_id], at, at)
                     took = time.perf_counter() - began
                     chunks[name].append(took / len(ids[start : start + 20]))
     finally:
@@ -186,7 +187,10 @@ async def _compare(direct: str, through: str, bouncer_pid: int, calls: int, roun
             for name, store in stores.items():
                 await _round(store, tenant, calls, totals[name], configs[name][2])
     _report(totals)
-    ids = [r["id"] for r in await aio(_fetch, direct, "SELECT id FROM deliveries LIMIT 500")]
+    ids = [
+        (r["id"], r["created_at"])
+        for r in await aio(_fetch, direct, "SELECT id, created_at FROM deliveries LIMIT 500")
+    ]
     connections = {
         "direct, cache on": (direct, 100),
         "direct, cache off": (direct, 0),
