@@ -185,20 +185,24 @@ class Scratch:
             "SELECT notifier_worker_message(d, e, c.config, 1) AS body FROM deliveries d "
             "JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at "
             "JOIN channels c ON c.id = d.channel_id "
-            "WHERE e.type = $1 AND e.created_at >= $2",
+            "WHERE e.type = $1 AND e.created_at >= $2 AND d.created_at >= $2",
             event_type, self.since,
         )  # fmt: skip
         return [bytes(r["body"]) for r in rows]
 
     def delivered(self, event_type: str) -> tuple[int, int]:
-        """(deliveries DELIVERED, attempt rows) of the events of ``event_type``."""
+        """(deliveries DELIVERED, attempt rows) of the events of ``event_type``. Every table is
+        read from ``since`` on alone (each has its creation time: with a history in the
+        database, the partitions of the days before are not read)."""
         row = self.fetch(
             "SELECT count(*) FILTER (WHERE d.status = 'DELIVERED') AS delivered, "
             "(SELECT count(*) FROM delivery_attempts a JOIN deliveries d2 ON d2.id = "
-            "a.delivery_id JOIN events e2 ON e2.id = d2.event_id WHERE e2.type = $1 "
-            "AND e2.created_at >= $2) AS attempts "
-            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1 "
-            "AND e.created_at >= $2",
+            "a.delivery_id AND d2.created_at = a.delivery_created_at JOIN events e2 ON "
+            "e2.id = d2.event_id AND e2.created_at = d2.created_at WHERE e2.type = $1 "
+            "AND e2.created_at >= $2 AND d2.created_at >= $2 AND a.delivery_created_at >= $2) "
+            "AS attempts "
+            "FROM deliveries d JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at "
+            "WHERE e.type = $1 AND e.created_at >= $2 AND d.created_at >= $2",
             event_type, self.since,
         )[0]  # fmt: skip
         return int(row["delivered"]), int(row["attempts"])
@@ -207,8 +211,8 @@ class Scratch:
         """delivery id → its event's creation time (epoch seconds), for one event type."""
         rows = self.fetch(
             "SELECT d.id::text AS id, extract(epoch FROM e.created_at)::float8 AS at "
-            "FROM deliveries d JOIN events e ON e.id = d.event_id WHERE e.type = $1 "
-            "AND e.created_at >= $2",
+            "FROM deliveries d JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at "
+            "WHERE e.type = $1 AND e.created_at >= $2 AND d.created_at >= $2",
             event_type, self.since,
         )  # fmt: skip
         return {r["id"]: r["at"] for r in rows}
