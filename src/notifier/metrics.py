@@ -2,9 +2,9 @@
 
 Counters and histograms are per process: each counts what its own process did (its ingest, its
 relay, its worker groups), so a deployment of several processes sums them. The scrape-time
-gauges (outbox depth, open deliveries, broker queue depths) are global values read from
-Postgres and RabbitMQ when ``/metrics`` is scraped: every process that serves ``/metrics``
-reports the same values (aggregate them with ``max``, not ``sum``).
+gauges (outbox depth, open deliveries, broker queue depths; ``metrics_scrape``) are global
+values read from Postgres and RabbitMQ when ``/metrics`` is scraped: every process that serves
+``/metrics`` reports the same values (aggregate them with ``max``, not ``sum``).
 
 In a launch of several processes (``notifier run --processes N``), the parent gives every
 process the same directory in ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's multiprocess mode):
@@ -28,11 +28,8 @@ crossing per message. Labels are bounded: channel type, outcome, status, queue k
 
 from __future__ import annotations
 
-import logging
-import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import trio
@@ -44,20 +41,12 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
-from notifier.broker.topology import dead_queue, main_queue, retry_queue
-from notifier.errors import BrokerError, StoreError
-from notifier.store.rows import MetricsSnapshot
-
-log = logging.getLogger("notifier.metrics")
+from notifier.metrics_scrape import ScrapeTime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "panic")
-# How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
-QUEUE_DEPTHS_CACHE_SECONDS = 5.0
 
 # An attempt is bounded by workers.<type>.timeout_seconds (10 s by default).
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -70,113 +59,6 @@ BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # In a launch, each process writes its process metrics this often (and when it answers /metrics).
 PROCESS_METRICS_INTERVAL_SECONDS = 5.0
-
-ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
-ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
-
-
-@dataclass(frozen=True)
-class BrokerQueue:
-    """A queue whose depth ``/metrics`` reports, with its labels."""
-
-    name: str
-    channel_type: str
-    kind: str  # main, retry or dead
-
-
-def broker_queues(channel_types: Iterable[str], tiers_seconds: Sequence[int]) -> list[BrokerQueue]:
-    """The work queue, every delay tier and the dead-letter queue of each channel type."""
-    queues = []
-    for t in channel_types:
-        queues.append(BrokerQueue(main_queue(t), t, "main"))
-        queues.extend(BrokerQueue(retry_queue(t, s), t, "retry") for s in tiers_seconds)
-        queues.append(BrokerQueue(dead_queue(t), t, "dead"))
-    return queues
-
-
-# notifier_destination_circuit_state's values.
-CIRCUIT_STATE_VALUES = {"closed": 0.0, "open": 1.0, "half_open": 2.0}
-
-
-class _ScrapeTime(Collector):
-    """The gauges read at scrape time. A source that could not be read leaves its series out
-    (the broker's absence is said by ``notifier_broker_up 0``)."""
-
-    def __init__(self) -> None:
-        self.snapshot: MetricsSnapshot | None = None
-        self.broker_up: bool | None = None  # None: this process does not read the broker
-        self.queue_depths: list[tuple[BrokerQueue, int]] = []
-
-    def _families(self) -> tuple[GaugeMetricFamily, ...]:
-        return (
-            GaugeMetricFamily(
-                "notifier_outbox_depth", "Outbox rows not yet published (read from Postgres)."
-            ),
-            GaugeMetricFamily(
-                "notifier_open_deliveries",
-                "Deliveries not finished yet, by status (read from Postgres).",
-                labels=["status"],
-            ),
-            GaugeMetricFamily(
-                "notifier_oldest_open_delivery_age_seconds",
-                "Seconds since the open delivery that changed least recently last changed.",
-            ),
-            GaugeMetricFamily(
-                "notifier_history_days_overdue",
-                "Days of history (events, deliveries, attempts) that ended more than "
-                "maintenance.retention_days ago and are still kept: a delivery of theirs is not "
-                "finished, or no maintenance role runs (read from Postgres).",
-            ),
-            GaugeMetricFamily(
-                "notifier_history_partitions_ahead_seconds",
-                "How far ahead of now the history's daily partitions reach; maintenance keeps "
-                "7 days made ahead, and ingest fails once it reaches 0 (read from Postgres).",
-            ),
-            GaugeMetricFamily(
-                "notifier_destination_circuit_state",
-                "A destination's circuit breaker: 0 closed, 1 open, 2 half-open (read from "
-                "Postgres; those not closed or changed in the last 10 minutes).",
-                labels=["channel_type", "destination"],
-            ),
-            GaugeMetricFamily(
-                "notifier_broker_up", "1 when RabbitMQ answered the queue depth read, else 0."
-            ),
-            GaugeMetricFamily(
-                "notifier_queue_messages",
-                "Ready messages in a RabbitMQ queue (main, retry tier or dead-letter queue).",
-                labels=["channel_type", "queue", "kind"],
-            ),
-        )
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families()
-
-    def collect(self) -> Iterable[Metric]:
-        outbox, open_, oldest, overdue, ahead, circuits, broker_up, queues = self._families()
-        if (s := self.snapshot) is not None:
-            outbox.add_metric([], s.outbox_depth)
-            open_.add_metric(["PENDING"], s.pending)
-            open_.add_metric(["RETRYING"], s.retrying)
-            yield outbox
-            yield open_
-            # No open delivery: the oldest is no age at all.
-            oldest.add_metric([], s.oldest_open_age_seconds or 0.0)
-            yield oldest
-            overdue.add_metric([], s.history_days_overdue)
-            ahead.add_metric([], s.history_ahead_seconds)
-            yield overdue
-            yield ahead
-            for channel_type, destination, state in s.circuits:
-                circuits.add_metric([channel_type, destination], CIRCUIT_STATE_VALUES[state])
-            if s.circuits:
-                yield circuits
-        if self.broker_up is not None:
-            broker_up.add_metric([], 1.0 if self.broker_up else 0.0)
-            yield broker_up
-            for q, depth in self.queue_depths:
-                queues.add_metric([q.channel_type, q.name, q.kind], depth)
-            if self.queue_depths:
-                yield queues
 
 
 class _ProcessGauges:
@@ -291,7 +173,7 @@ class Metrics:
             self.ingest_connections_refused.labels(reason)
         for reason in ("write_timeout", "shutdown"):
             self.ingest_connections_closed.labels(reason)
-        self.scrape_time = _ScrapeTime()
+        self.scrape_time = ScrapeTime()
         r.register(self.scrape_time)
         self._process: _ProcessGauges | None = None
         if self.multiproc_dir is None:
@@ -357,53 +239,3 @@ def seconds_between(start: datetime, end: datetime) -> float:
     if start.tzinfo is None:
         start = start.replace(tzinfo=UTC)
     return max((end - start).total_seconds(), 0.0)
-
-
-class ScrapeReader:
-    """Refreshes the scrape-time gauges of ``metrics`` before a render: Postgres on every
-    scrape (one store call), the broker's queue depths at most every ``cache_seconds``.
-
-    A source that cannot be read is logged and its series are left out; the metrics of the
-    process itself are served regardless.
-    """
-
-    def __init__(
-        self,
-        metrics: Metrics,
-        read_snapshot: ReadSnapshot,
-        queues: Sequence[BrokerQueue],
-        read_queue_depths: ReadQueueDepths | None,
-        *,
-        cache_seconds: float = QUEUE_DEPTHS_CACHE_SECONDS,
-    ) -> None:
-        self._gauges = metrics.scrape_time
-        self._read_snapshot = read_snapshot
-        self._queues = list(queues)
-        self._read_queue_depths = read_queue_depths
-        self._cache_seconds = cache_seconds
-        self._queues_fresh_until = -math.inf
-        self._lock = trio.Lock()  # one broker read at a time; others wait and reuse it
-
-    async def refresh(self) -> None:
-        """Trio-flavoured."""
-        try:
-            self._gauges.snapshot = await self._read_snapshot()
-        except StoreError as exc:
-            log.warning("metrics: reading Postgres failed: %s", exc)
-            self._gauges.snapshot = None
-        if self._read_queue_depths is None:
-            return
-        async with self._lock:
-            if trio.current_time() < self._queues_fresh_until:
-                return
-            try:
-                depths = await self._read_queue_depths([q.name for q in self._queues])
-            except BrokerError as exc:
-                log.warning("metrics: reading the queue depths failed: %s", exc)
-                self._gauges.broker_up = False
-                self._gauges.queue_depths = []
-            else:
-                self._gauges.broker_up = True
-                self._gauges.queue_depths = [(q, depths[q.name]) for q in self._queues
-                                             if q.name in depths]  # fmt: skip
-            self._queues_fresh_until = trio.current_time() + self._cache_seconds

@@ -18,12 +18,10 @@ from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUn
 from notifier.messages import WorkerMessage, encode_message
 from notifier.metrics import (
     CONTENT_TYPE,
-    BrokerQueue,
     Metrics,
-    ScrapeReader,
-    broker_queues,
     run_process_metrics,
 )
+from notifier.metrics_scrape import BrokerQueue, ScrapeReader, broker_queues
 from notifier.relay.relay import relay_once
 from notifier.store.rows import DeliveryState, MetricsSnapshot
 from notifier.testing import (

@@ -31,7 +31,8 @@ from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.metrics_access import MetricsEndpoint, install_metrics
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.tenants import TenantCaches
-from notifier.metrics import Metrics, ReadQueueDepths, ScrapeReader, broker_queues
+from notifier.metrics import Metrics
+from notifier.metrics_scrape import ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 from notifier.store.rows import MetricsSnapshot
 

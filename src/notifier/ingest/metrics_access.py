@@ -24,7 +24,8 @@ from werkzeug.exceptions import NotFound
 from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.http import ApiError
 from notifier.ingest.serve import Listeners, adopt_listeners, open_listeners
-from notifier.metrics import CONTENT_TYPE, Metrics, ScrapeReader
+from notifier.metrics import CONTENT_TYPE, Metrics
+from notifier.metrics_scrape import ScrapeReader
 
 # The listening sockets of ``ingest.metrics_bind`` a process of a launch inherits.
 METRICS_LISTEN_FDS_ENV = "NOTIFIER_METRICS_LISTEN_FDS"

@@ -20,7 +20,8 @@ from notifier.ingest.events import Outcome, Pair
 from notifier.ingest.groupcommit import GroupCommit
 from notifier.ingest.tenants import TenantCache, TenantCaches
 from notifier.ingest.unauthorized import UnauthorizedLimit
-from notifier.metrics import Metrics, ScrapeReader
+from notifier.metrics import Metrics
+from notifier.metrics_scrape import ScrapeReader
 from notifier.store.api import ApiStore
 
 _EXTENSION = "notifier.api"
