@@ -17,7 +17,7 @@ from notifier.store import listen, versions
 from notifier.store.base import Conn, Q, crossing, transaction
 from notifier.store.errors import TenantExists
 from notifier.store.listen import TenantChanges
-from notifier.store.maintenance import PARTITION_DAYS_AHEAD
+from notifier.store.maintenance import partition_days
 from notifier.store.pool import Queries
 from notifier.store.rows import MetricsSnapshot
 
@@ -47,9 +47,7 @@ class AdminQueries(Queries):
             # The history's partitions of the first days, made again on a database already
             # current (the migration that partitioned the history made them on its day).
             await conn.fetchval(
-                "SELECT notifier_partitions_ensure((now() AT TIME ZONE 'UTC')::date, "
-                f"(now() AT TIME ZONE 'UTC')::date + {PARTITION_DAYS_AHEAD})",
-                timeout=MIGRATE_TIMEOUT_SECONDS,
+                Q["partitions_ensure"], *partition_days(), timeout=MIGRATE_TIMEOUT_SECONDS
             )
             return applied
 

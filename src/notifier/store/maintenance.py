@@ -12,7 +12,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 
@@ -31,6 +31,13 @@ PARTITION_LOCK_TIMEOUT_MS = 500
 PARTITION_DAYS_AHEAD = 7
 
 
+def partition_days(days_ahead: int = PARTITION_DAYS_AHEAD) -> tuple[date, date]:
+    """Today (UTC) and the day ``days_ahead`` after it: the days whose history partitions
+    ``partitions_ensure`` makes."""
+    today = datetime.now(UTC).date()
+    return today, today + timedelta(days=days_ahead)
+
+
 class MaintenanceQueries(Queries):
     """What ``maintenance.maintenance_pass`` runs, a batch per call."""
 
@@ -46,11 +53,8 @@ class MaintenanceQueries(Queries):
     async def ensure_partitions(self, *, days_ahead: int) -> int:
         """Make the history's partitions of today (UTC) and the ``days_ahead`` days after it
         that are not there yet; return how many tables it made."""
-        today = datetime.now(UTC).date()
         async with self._maintenance(lock_timeout_ms=PARTITION_LOCK_TIMEOUT_MS) as conn:
-            made: int = await conn.fetchval(
-                Q["partitions_ensure"], today, today + timedelta(days=days_ahead)
-            )
+            made: int = await conn.fetchval(Q["partitions_ensure"], *partition_days(days_ahead))
         return made
 
     async def drop_expired_days(self, *, retention_days: int) -> tuple[list[str], list[str]]:

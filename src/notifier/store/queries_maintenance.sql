@@ -49,10 +49,6 @@ WHERE to_time <= now() - $1::integer * interval '1 day';
 -- Drop one day of history unless a delivery of it is unfinished (schema.sql).
 SELECT notifier_partition_drop($1::text);
 
--- name: partitions_ahead
--- How far ahead of now the history's partitions reach, in days (negative: today has none).
-SELECT extract(epoch FROM (max(to_time) - now())) / 86400 FROM notifier_history_partitions();
-
 -- name: event_keys_cleanup
 -- Up to $2 idempotency keys of events older than $1 days that are gone (their day dropped): a
 -- key is kept as long as its event. Each probe is of one partition (by id and created_at).
