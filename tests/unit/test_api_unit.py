@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 from quart import typing as quart_typing
+from trio.testing import MockClock
 
 from notifier.adapters.specs import build_validators
 from notifier.config import parse_config
@@ -433,7 +434,11 @@ async def held() -> Api:
 
 async def concurrent_posts(api: Api, requests: list[dict[str, Any]]) -> list[Answer]:
     """The first request leads a held batch; the others, sent one after the other while it is
-    held, are stored together in the next. Their answers, in order."""
+    held, are stored together in the next. Their answers, in order.
+
+    The tests that call it run on a ``mock_clock`` that stands still: queued callers give up on
+    a batch that has run ``GROUP_COMMIT_PATIENCE_SECONDS`` and store theirs beside it, and on a
+    busy machine sending the requests one by one may take longer than that in real time."""
     store = api.store
     assert isinstance(store, HeldStore)
     store.batches.clear()
@@ -453,7 +458,9 @@ async def concurrent_posts(api: Api, requests: list[dict[str, Any]]) -> list[Ans
     return [answers[i] for i in range(len(requests))]
 
 
-async def test_requests_stored_together_each_get_their_own_answer(held: Api) -> None:
+async def test_requests_stored_together_each_get_their_own_answer(
+    held: Api, mock_clock: MockClock
+) -> None:
     await held.channel()
     first = await held.call("POST", "/v1/events", json=EVENT | {"idempotency_key": "k1"})
     assert first.status == 202
@@ -478,7 +485,9 @@ async def test_requests_stored_together_each_get_their_own_answer(held: Api) -> 
     assert len(ids) == 4
 
 
-async def test_a_conflicting_request_stored_together_with_others_fails_alone(held: Api) -> None:
+async def test_a_conflicting_request_stored_together_with_others_fails_alone(
+    held: Api, mock_clock: MockClock
+) -> None:
     await held.channel()
     before = held.rows()
     answers = await concurrent_posts(held, [
@@ -495,7 +504,7 @@ async def test_a_conflicting_request_stored_together_with_others_fails_alone(hel
 
 
 async def test_postgres_unavailable_fails_every_request_stored_together_with_503(
-    held: Api,
+    held: Api, mock_clock: MockClock
 ) -> None:
     await held.channel()
     store = held.store
