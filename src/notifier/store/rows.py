@@ -163,6 +163,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     history_ahead_seconds: float = 0.0
     # (channel type, destination, state) of the circuits not closed or changed lately
     circuits: tuple[tuple[str, str, str], ...] = ()
+    # (channel type, how many) of the channels notifier disabled (not a PATCH), where any
+    auto_disabled: tuple[tuple[str, int], ...] = ()
 
 
 class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
