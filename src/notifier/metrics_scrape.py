@@ -30,7 +30,6 @@ log = logging.getLogger("notifier.metrics")
 QUEUE_DEPTHS_CACHE_SECONDS = 5.0
 
 
-
 ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
 ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, QueueCounts]]]
 

@@ -242,9 +242,9 @@ async def queue_depths(
     url: BrokerUrls, queues: Sequence[str], *, timeout_seconds: float = 3.0
 ) -> dict[str, QueueCounts]:
     """Trio-flavoured. The number of ready messages and of consumers of each of ``queues``,
-    read with passive declares on a short connection of its own (for the metrics endpoint). A queue that does not
-    exist (its topology was not declared yet) is left out. Raise ``BrokerError`` when RabbitMQ
-    is unreachable or has not answered within ``timeout_seconds``."""
+    read with passive declares on a short connection of its own (for the metrics endpoint). A
+    queue that does not exist (its topology was not declared yet) is left out. Raise
+    ``BrokerError`` when RabbitMQ is unreachable or has not answered within ``timeout_seconds``."""
     with trio.move_on_after(timeout_seconds):
         async with open_connection(
             url,

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import os
-
-import trio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+import trio
 from quart import Blueprint, Quart, Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import NotFound
