@@ -8,15 +8,20 @@ from notifier.alerts.buffer import DropOldest
 from notifier.alerts.context import (
     SCRUBBED,
     AlertContext,
-    AttemptRow,
-    DeadHistory,
     build_context,
     destination_origin,
     is_secret_key,
     payload_excerpt,
     scrub,
 )
-from notifier.alerts.dispatch import SENTRY_CONTEXT, AlertHistory, AlertObserver, Alerts, AlertSink
+from notifier.alerts.dispatch import (
+    SENTRY_CONTEXT,
+    AlertHistory,
+    AlertObserver,
+    Alerts,
+    AlertSink,
+    open_alerts,
+)
 from notifier.alerts.webhook import (
     ALERT_TYPE,
     AlertNotSent,
@@ -25,6 +30,7 @@ from notifier.alerts.webhook import (
     alert_request,
     send_with_tries,
 )
+from notifier.store.rows import AttemptRow, DeadHistory
 
 __all__ = [
     "ALERT_TYPE",
@@ -45,6 +51,7 @@ __all__ = [
     "build_context",
     "destination_origin",
     "is_secret_key",
+    "open_alerts",
     "payload_excerpt",
     "scrub",
     "send_with_tries",

@@ -8,6 +8,7 @@ delivery as the worker's ``Outcome``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import urllib.parse
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 import msgspec
 
 from notifier.secrets import SECRETS
+from notifier.store.rows import AttemptRow, DeadHistory
 from notifier.worker.observe import Outcome
 
 SCRUBBED = "[scrubbed]"
@@ -48,7 +50,7 @@ def is_secret_key(key: str) -> bool:
     words = [w for w in re.split(r"[_\-\s.]+", _CAMEL.sub("_", key).lower()) if w]
     if any(w in _SECRET_WORDS for w in words):
         return True
-    return any(a + b in _SECRET_WORDS for a, b in zip(words, words[1:], strict=False))
+    return any(a + b in _SECRET_WORDS for a, b in itertools.pairwise(words))
 
 
 def scrub(value: Any, depth: int = 0) -> Any:
@@ -125,25 +127,6 @@ def _url_origin(url: object) -> str:
     port = port or (443 if parts.scheme == "https" else 80)
     host = f"[{host}]" if ":" in host else host
     return f"{parts.scheme}://{host}:{port}"
-
-
-class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One attempt of a dead delivery, as the store reads it."""
-
-    attempt: int
-    started_at: datetime
-    outcome: str
-    status_code: int | None = None
-    duration_ms: int | None = None
-    error: str | None = None
-
-
-class DeadHistory(msgspec.Struct, frozen=True, kw_only=True):
-    """What the store tells of a dead delivery: its channel's name (None when the channel was
-    deleted) and its latest attempts, newest first."""
-
-    channel_name: str | None = None
-    attempts: tuple[AttemptRow, ...] = ()
 
 
 class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -224,10 +207,14 @@ def build_context(
     excerpt, cut = payload_excerpt(message.payload, payload_excerpt_bytes)
     attempts = tuple(
         AttemptSummary(
-            attempt=a.attempt, started_at=a.started_at, outcome=a.outcome,
-            status_code=a.status_code, duration_ms=a.duration_ms,
-            error_class=error_class(a.error, a.status_code), error=short_error(a.error),
-        )  # fmt: skip
+            attempt=a.attempt,
+            started_at=a.started_at,
+            outcome=a.outcome,
+            status_code=a.status_code,
+            duration_ms=a.duration_ms,
+            error_class=error_class(a.error, a.status_code),
+            error=short_error(a.error),
+        )
         for a in history.attempts[:history_attempts]
     )
     return AlertContext(

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Protocol
 
 import trio
 
 from notifier.alerts.buffer import DropOldest
-from notifier.alerts.context import AlertContext, DeadHistory, build_context, short_error
-from notifier.alerts.webhook import send_with_tries
-from notifier.config import AlertsConfig
+from notifier.alerts.context import AlertContext, build_context, short_error
+from notifier.alerts.webhook import WebhookAlertSink, send_with_tries
+from notifier.config import AlertsConfig, alert_secret
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
+from notifier.store.rows import DeadHistory
 from notifier.worker.observe import Outcome
 
 log = logging.getLogger("notifier.alerts")
@@ -88,6 +90,7 @@ class Alerts:
         self._dead = DropOldest[Outcome](settings.buffer_size, lambda _: self._dropped())
         self._outgoing = DropOldest[AlertContext](settings.buffer_size, lambda _: self._dropped())
         self._closing = False
+        self._done = trio.Event()
 
     @property
     def reports_to_sentry(self) -> bool:
@@ -108,8 +111,21 @@ class Alerts:
         self._closing = True
         self._dead.close()
 
+    async def drain(self, timeout_seconds: float) -> None:
+        """Trio-flavoured. ``close``, then wait until ``run`` has sent or dropped what was
+        buffered, at most ``timeout_seconds``."""
+        self.close()
+        with trio.move_on_after(timeout_seconds):
+            await self._done.wait()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Trio-flavoured. Build, report and send alerts until ``close``d and drained."""
+        try:
+            await self._run(task_status)
+        finally:
+            self._done.set()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             if self._sink is not None:
                 nursery.start_soon(self._send_all, self._sink)
@@ -203,6 +219,26 @@ def summary(outcome: Outcome) -> str:
     if outcome.outcome == "panic":
         return "adapter raised; delivery dead"
     return f"delivery dead: {short_error(outcome.error)}"
+
+
+def open_alerts(
+    settings: AlertsConfig,
+    history: AlertHistory,
+    environ: Mapping[str, str],
+    *,
+    reporter: Reporter | None,
+    metrics: Metrics | None,
+) -> Alerts:
+    """The alerts of a worker process as ``[alerts]`` configures them: to ``reporter`` (Sentry;
+    None: not) and, when ``dead_webhook_url`` is set, to that webhook, signed with the secret
+    ``dead_webhook_secret_env`` names (a ``ConfigError`` when it is missing or malformed)."""
+    sink = None
+    if settings.dead_webhook_url:
+        sink = WebhookAlertSink(
+            settings.dead_webhook_url, alert_secret(settings, environ),
+            timeout_seconds=settings.timeout_seconds,
+        )  # fmt: skip
+    return Alerts(settings, history, reporter=reporter, sink=sink, metrics=metrics)
 
 
 class AlertObserver:

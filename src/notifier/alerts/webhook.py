@@ -37,9 +37,7 @@ def alert_id(context: AlertContext) -> str:
 def alert_body(context: AlertContext) -> bytes:
     """``{"type": "delivery.dead", "timestamp", "data": <the context>}``, as a webhook channel's
     envelope is shaped."""
-    return msgspec.json.encode(
-        {"type": ALERT_TYPE, "timestamp": context.dead_at, "data": context}
-    )
+    return msgspec.json.encode({"type": ALERT_TYPE, "timestamp": context.dead_at, "data": context})
 
 
 def alert_request(

@@ -11,10 +11,9 @@ from typing import Annotated
 
 import msgspec
 
-from notifier.config.base import Positive, PositiveFloat, Section
+from notifier.config.base import PositiveFloat, Section
 from notifier.errors import ConfigError
 from notifier.validation import key_error
-
 
 # The prefix of a Standard Webhooks secret (notifier.adapters.webhook.signing signs with it).
 SECRET_PREFIX = "whsec_"
@@ -57,7 +56,7 @@ def alert_url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "no host name"
     if parts.username is not None or parts.password is not None:
-        return "must not hold a user name or password (sign the alerts with dead_webhook_secret_env)"
+        return "must not hold a user name or password (alerts are signed: dead_webhook_secret_env)"
     return None
 
 
