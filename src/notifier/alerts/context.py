@@ -176,8 +176,9 @@ class AlertContext(msgspec.Struct, frozen=True, kw_only=True):
         }
 
     def as_json(self) -> dict[str, Any]:
-        """The context as JSON types (ids and times as strings)."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
+        """The context as JSON types (ids and times as strings, lists): what the webhook's
+        ``data`` decodes to."""
+        data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(self))
         return data
 
 

@@ -87,10 +87,14 @@ class Alerts:
                 metrics.alerts_dropped.labels(reason)
             for name in SINKS:
                 metrics.alerts_sent.labels(name)
-        self._dead = DropOldest[Outcome](settings.buffer_size, lambda _: self._dropped())
-        self._outgoing = DropOldest[AlertContext](settings.buffer_size, lambda _: self._dropped())
+        self._dead = DropOldest[Outcome](settings.buffer_size, lambda _: self._overflowed())
+        self._outgoing = DropOldest[AlertContext](
+            settings.buffer_size, lambda _: self._overflowed()
+        )
         self._closing = False
         self._done = trio.Event()
+        self._open = 0  # alerts taken and not yet sent to every sink or dropped
+        self._idle = trio.Event()
 
     @property
     def reports_to_sentry(self) -> bool:
@@ -104,6 +108,7 @@ class Alerts:
         if self._closing:
             self._dropped("stopped")
             return
+        self._open += 1
         self._dead.put_nowait(outcome)
 
     def close(self) -> None:
@@ -167,6 +172,7 @@ class Alerts:
         except Exception:
             log.exception("alert of delivery %s: building it failed", message.delivery_id)
             self._dropped("failed")
+            self._finished()
             return
         if self._reporter is not None:
             self._reporter.report(
@@ -176,6 +182,8 @@ class Alerts:
             self._sent("sentry")
         if self._sink is not None:
             self._outgoing.put_nowait(context)
+        else:
+            self._finished()
 
     async def _send_all(self, sink: AlertSink) -> None:
         """Trio-flavoured. POST each alert, with tries; what fails is dropped and counted."""
@@ -202,12 +210,29 @@ class Alerts:
                     extra={"delivery_id": str(context.delivery_id)},
                 )  # fmt: skip
                 self._dropped("failed")
+            self._finished()
+
+    async def wait_idle(self) -> None:
+        """Trio-flavoured. Wait until every alert taken so far was sent or dropped."""
+        while self._open > 0:
+            if self._idle.is_set():
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+    def _finished(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._idle.set()
+
+    def _overflowed(self) -> None:
+        self._dropped("buffer_full")
+        self._finished()
 
     def _sent(self, sink: str) -> None:
         if self._metrics is not None:
             self._metrics.alerts_sent.labels(sink).inc()
 
-    def _dropped(self, reason: str = "buffer_full") -> None:
+    def _dropped(self, reason: str) -> None:
         if self._metrics is not None:
             self._metrics.alerts_dropped.labels(reason).inc()
 
