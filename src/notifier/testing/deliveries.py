@@ -102,7 +102,7 @@ class MemoryDeliveries:
                     status_code=r.status_code,
                     duration_ms=r.duration_ms,
                     error=r.error,
-                )  # fmt: skip
+                )
                 for r in rows
             ),
         )
