@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import standardwebhooks
 import trio
@@ -497,3 +498,52 @@ def test_an_alert_context_is_json_for_both_sinks() -> None:
     assert data["dead_at"] == "2024-01-01T12:00:00Z"
     assert data["payload_truncated"] is True
     assert AlertContext.__struct_fields__ == tuple(data)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"a": 1, "b": [1, 2.5, None, True, "x"], "c": {"password": {"deep": 1}, "ok": 'é\n"q'}},
+        {"nested": [[{"token": "t"}], {"apiKey": "k", "name": "n"}], "n": -3, "f": 1e300},
+        {},
+    ],
+)
+def test_the_excerpt_is_the_scrubbed_payloads_json(payload: dict[str, Any]) -> None:
+    whole = msgspec.json.encode(scrub(payload)).decode()
+    assert payload_excerpt(payload, 10_000) == (whole, False)
+    assert json.loads(payload_excerpt(payload, 10_000)[0]) == scrub(payload)
+    for limit in range(len(whole.encode())):
+        text, cut = payload_excerpt(payload, limit)
+        assert cut
+        assert whole.startswith(text)
+
+
+def test_a_huge_payload_costs_about_its_excerpt() -> None:
+    # A secret right at the cut is still recognised; what lies far beyond is never looked at.
+    head = "x" * 90 + " Bearer abcdefghijklmnopqrstuvwxyz0123456789"
+    payload = {"note": head + "y" * 1_000_000, "rest": [{"k": i} for i in range(100_000)]}
+    text, cut = payload_excerpt(payload, 120)
+    assert cut
+    assert "abcdefghij" not in text
+    assert text.startswith('{"note":"' + "x" * 90 + " Bearer [redacted]")
+
+
+async def test_at_a_stop_the_alerts_taken_get_one_try_each(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    settings = AlertsConfig(max_tries=5, retry_backoff_seconds=10.0)
+    receiver, metrics = Receiver(503, 503, 503), Metrics(environ={})
+    alerts = Alerts(
+        settings, FakeHistory(history()), sink=sink_for(receiver, settings), metrics=metrics
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(alerts.run)
+        observer = alerts.observer()
+        observer.observe(dead_outcome(1))
+        observer.observe(dead_outcome(2))
+        await alerts.drain(60)
+        observer.observe(dead_outcome(3))  # after the stop began: counted, not sent
+    assert len(receiver.requests) == 2
+    assert trio.current_time() == 0.0  # no backoff was waited
+    assert sample(metrics, "notifier_alerts_dropped_total", reason="failed") == 2
+    assert sample(metrics, "notifier_alerts_dropped_total", reason="stopped") == 1

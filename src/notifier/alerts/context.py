@@ -12,7 +12,7 @@ import itertools
 import re
 import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -72,12 +72,53 @@ def scrub(value: Any, depth: int = 0) -> Any:
 
 
 def payload_excerpt(payload: Any, limit_bytes: int) -> tuple[str, bool]:
-    """The scrubbed payload as compact JSON, cut to ``limit_bytes`` (at a character boundary),
-    and whether it was cut."""
-    encoded = msgspec.json.encode(scrub(payload))
-    if len(encoded) <= limit_bytes:
-        return encoded.decode(), False
-    return encoded[:limit_bytes].decode("utf-8", "ignore"), True
+    """The scrubbed payload as compact JSON (what ``msgspec.json.encode(scrub(payload))``
+    gives), cut to ``limit_bytes`` at a character boundary, and whether it was cut.
+
+    The JSON is written piece by piece and only until the limit is passed, so a large payload
+    costs about the excerpt's size, not its own: the alert task shares the worker's thread. A
+    long string is cut to ``limit_bytes + STRING_MARGIN`` characters before it is scrubbed; a
+    secret shorter than the margin that starts inside the excerpt is still whole there."""
+    out = bytearray()
+    for chunk in _json_chunks(payload, 0, limit_bytes + STRING_MARGIN):
+        out += chunk
+        if len(out) > limit_bytes:
+            return bytes(out[:limit_bytes]).decode("utf-8", "ignore"), True
+    return out.decode(), False
+
+
+# See payload_excerpt: how much of a long string beyond the excerpt's size is scrubbed with it.
+STRING_MARGIN = 256
+
+
+def _json_chunks(value: Any, depth: int, max_chars: int) -> Iterator[bytes]:
+    """Compact JSON of ``scrub(value)``, in pieces, strings cut to ``max_chars``."""
+    encode = msgspec.json.encode
+    if depth >= MAX_DEPTH:
+        yield encode(TOO_DEEP)
+    elif isinstance(value, dict):
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            if i:
+                yield b","
+            yield encode(str(key))
+            yield b":"
+            if isinstance(key, str) and is_secret_key(key):
+                yield encode(SCRUBBED)
+            else:
+                yield from _json_chunks(item, depth + 1, max_chars)
+        yield b"}"
+    elif isinstance(value, list):
+        yield b"["
+        for i, item in enumerate(value):
+            if i:
+                yield b","
+            yield from _json_chunks(item, depth + 1, max_chars)
+        yield b"]"
+    elif isinstance(value, str):
+        yield encode(SECRETS.scrub(value[:max_chars]))
+    else:
+        yield encode(value)
 
 
 def short_error(error: str | None, limit: int = ERROR_CHARS) -> str | None:
