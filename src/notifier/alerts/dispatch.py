@@ -175,11 +175,14 @@ class Alerts:
             self._finished()
             return
         if self._reporter is not None:
-            self._reporter.report(
-                summary(outcome), tags=context.tags(), exc=outcome.exc,
-                contexts={SENTRY_CONTEXT: context.as_json()},
-            )  # fmt: skip
-            self._sent("sentry")
+            try:
+                self._reporter.report(
+                    summary(outcome), tags=context.tags(), exc=outcome.exc,
+                    contexts={SENTRY_CONTEXT: context.as_json()},
+                )  # fmt: skip
+                self._sent("sentry")
+            except Exception:  # a reporter's failure costs its report, not the webhook's
+                log.exception("alert of delivery %s: reporting it failed", message.delivery_id)
         if self._sink is not None:
             self._outgoing.put_nowait(context)
         else:
