@@ -131,22 +131,24 @@ class Alerts:
             self._done.set()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
-        async with trio.open_nursery() as nursery:
+        try:
+            async with trio.open_nursery() as nursery:
+                if self._sink is not None:
+                    nursery.start_soon(self._send_all, self._sink)
+                task_status.started()
+                try:
+                    while True:
+                        try:
+                            outcome = await self._dead.get()
+                        except trio.EndOfChannel:
+                            break
+                        await self._one(outcome)
+                finally:
+                    self._outgoing.close()
+        finally:
             if self._sink is not None:
-                nursery.start_soon(self._send_all, self._sink)
-            task_status.started()
-            try:
-                while True:
-                    try:
-                        outcome = await self._dead.get()
-                    except trio.EndOfChannel:
-                        break
-                    await self._one(outcome)
-            finally:
-                self._outgoing.close()
-        if self._sink is not None:
-            with trio.CancelScope(shield=True):
-                await self._sink.aclose()
+                with trio.CancelScope(shield=True):
+                    await self._sink.aclose()
 
     async def _one(self, outcome: Outcome) -> None:
         """Build one alert and pass it on; never raises ``Exception``."""
