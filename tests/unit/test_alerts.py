@@ -96,6 +96,7 @@ def history(n: int = 3) -> DeadHistory:
         ("set-cookie", True),
         ("private_key", True),
         ("session_id", True),
+        ("AWS_ACCESS_KEY", True),
         ("pin", True),
         ("author", False),  # contains "auth", is not it
         ("tokenizer", False),

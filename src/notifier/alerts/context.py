@@ -37,7 +37,7 @@ _SECRET_WORDS = frozenset(
     {
         "password", "passwd", "pwd", "passphrase", "secret", "secrets", "token",
         "apikey", "authorization", "auth", "cookie", "cookies", "credential", "credentials",
-        "signature", "privatekey", "pin", "cvv", "cvc", "otp", "sessionid",
+        "signature", "privatekey", "accesskey", "pin", "cvv", "cvc", "otp", "sessionid",
     }
 )  # fmt: skip
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
