@@ -160,6 +160,20 @@ class Metrics:
             "Messages waiting, holding no task, for a slot of their destination's fair share.",
             ["channel_type"], registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        # Failure alerts of dead deliveries (`notifier.alerts`).
+        self.alerts_sent = Counter(
+            "notifier_alerts_sent",
+            "Alerts of dead deliveries sent, by sink: `sentry` (handed to the SDK), `webhook` "
+            "(the operator webhook answered 2xx).",
+            ["sink"], registry=r,
+        )  # fmt: skip
+        self.alerts_dropped = Counter(
+            "notifier_alerts_dropped",
+            "Alerts of dead deliveries dropped: `buffer_full` (the oldest waiting, for a newer "
+            "one), `failed` (every try of the operator webhook failed), `stopped` (after the "
+            "process began to stop).",
+            ["reason"], registry=r,
+        )  # fmt: skip
         # The ingest server's connections (`notifier.ingest.connection`).
         self.ingest_connections_open = Gauge(
             "notifier_ingest_connections_open", "Connections the ingest server holds open.",
