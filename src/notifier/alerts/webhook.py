@@ -13,13 +13,14 @@ import trio
 
 from notifier.adapters.webhook.signing import sign
 from notifier.alerts.context import AlertContext
+from notifier.errors import NotifierError
 
 log = logging.getLogger("notifier.alerts")
 
 ALERT_TYPE = "delivery.dead"
 
 
-class AlertNotSent(Exception):
+class AlertNotSent(NotifierError):
     """A try of an alert failed; ``retriable`` says whether another try may succeed (a
     refusal, 4xx but 408 and 429, will not)."""
 
