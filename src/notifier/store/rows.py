@@ -182,3 +182,13 @@ class DestinationCircuit(msgspec.Struct, frozen=True, kw_only=True):
     consecutive_failures: int = 0
     opened_at: datetime | None = None
     next_probe_at: datetime | None = None  # half-open: when the probe's lease ends
+
+
+class EventType(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered event type of a tenant's catalog (``notifier.catalog``)."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
