@@ -3,9 +3,9 @@ asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``event_types``,
 ``events``, ``expunge``, ``deliveries``, ``attempts``, ``outbox``, ``maintenance``,
-``ratelimits``, ``circuits``, ``console``, ``console_sessions``); what they share (the named SQL, the one
-bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors in
-``errors``.
+``ratelimits``, ``circuits``, ``console``, ``console_sessions``); what they share (the named
+SQL, the one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its
+errors in ``errors``.
 """
 
 from __future__ import annotations
