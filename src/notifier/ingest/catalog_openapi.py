@@ -28,13 +28,34 @@ def component_name(event_type: str) -> str:
     return "EventType_" + _UNSAFE.sub("_", event_type)
 
 
-def _payload_schema(event_type: EventType) -> dict[str, Any]:
-    """The type's schema as a component. Its ``$ref``\\ s point inside it (``#/$defs/…``): given
-    an ``$id`` of its own (unless it has one), they keep resolving inside it there."""
-    schema = copy.deepcopy(event_type.schema)
-    schema.pop("$schema", None)  # the document's dialect is 2020-12 already
-    schema.setdefault("$id", f"urn:notifier:event-type:{event_type.name}")
-    return schema
+def _moved(node: Any, prefix: str) -> Any:
+    """``node`` with every JSON-pointer reference (``#``, ``#/$defs/...``) moved under
+    ``prefix``; values that are data (``const``, ``enum``, ``default``, ``examples``) kept."""
+    if isinstance(node, list):
+        return [_moved(v, prefix) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if (
+            key in ("$ref", "$dynamicRef")
+            and isinstance(value, str)
+            and (value == "#" or value.startswith("#/"))
+        ):
+            out[key] = prefix + value[1:]
+        elif key in ("const", "enum", "default", "examples"):
+            out[key] = copy.deepcopy(value)
+        else:
+            out[key] = _moved(value, prefix)
+    return out
+
+
+def _payload_schema(event_type: EventType, name: str) -> dict[str, Any]:
+    """The type's schema as the component ``name``. Its references point inside it
+    (``#/$defs/…``): they are moved to point inside the component, where it now is."""
+    schema = {k: v for k, v in event_type.schema.items() if k not in ("$schema", "$id")}
+    moved: dict[str, Any] = _moved(schema, f"#/components/schemas/{name}")
+    return moved
 
 
 def catalog_document(tenant: str, event_types: Sequence[EventType]) -> dict[str, Any]:
@@ -43,7 +64,7 @@ def catalog_document(tenant: str, event_types: Sequence[EventType]) -> dict[str,
     schemas: dict[str, Any] = {}
     for t in event_types:
         name = component_name(t.name)
-        schemas[name] = _payload_schema(t)
+        schemas[name] = _payload_schema(t, name)
         body = {
             "type": "object",
             "required": ["type", "timestamp", "data"],
