@@ -6,8 +6,11 @@ made outside this process (another ingest process, a tool) reaching it through t
 
 from __future__ import annotations
 
+import json
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +20,9 @@ import trio
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from notifier.catalog import MAX_SCHEMA_BYTES
-from tests.integration.conftest import poll, sql
+from tests.integration.conftest import make_config, poll, run_notifier, sql
 from tests.integration.test_api import Api, api_db, assert_error, open_api, refused
+from tests.integration.test_cli import config_file, notifier
 
 __all__ = ["api_db"]  # the fixture, shared with test_api
 
@@ -213,3 +217,37 @@ async def test_a_change_made_elsewhere_reaches_ingest_through_the_notify(api: Ap
     with trio.fail_after(5):
         await poll(strict_now)
     assert uuid.UUID((await api.a.get("/v1/tenant")).json()["id"]) == api.tenant_a
+
+
+async def test_an_operator_turns_strict_mode_on_and_off_with_the_cli(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    cfg = str(config_file(tmp_path, database_url))
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return await trio.to_thread.run_sync(lambda: notifier(*args, "--config", cfg))
+
+    created = await cli("tenant", "create", "acme")
+    key = json.loads(created.stdout)["api_key"]
+    async with (
+        run_notifier(make_config(database_url, broker_url), ("ingest",)) as running,
+        running.client(key) as client,
+    ):
+        assert (await post(client, "order.unknown", {})).status_code == 202
+        on = await cli("tenant", "strict-event-types", "acme", "on")
+        assert on.returncode == 0, on.stderr
+        assert json.loads(on.stdout) == {"name": "acme", "strict_event_types": True}
+        assert (await client.get("/v1/tenant")).json()["strict_event_types"] is True
+
+        async def strict_now() -> bool:  # the running process hears the tenant's NOTIFY
+            return (await post(client, "order.unknown", {})).status_code == 422
+
+        with trio.fail_after(5):
+            await poll(strict_now)
+        off = await cli("tenant", "strict-event-types", "acme", "off")
+        assert json.loads(off.stdout) == {"name": "acme", "strict_event_types": False}
+    missing = await cli("tenant", "strict-event-types", "nobody", "on")
+    assert (missing.returncode, missing.stderr) == (2, "notifier: no tenant named 'nobody'\n")
+    wrong = await cli("tenant", "strict-event-types", "acme", "maybe")
+    assert wrong.returncode == 2
+    assert "invalid choice: 'maybe'" in wrong.stderr
