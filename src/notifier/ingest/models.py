@@ -137,8 +137,13 @@ class EventTypeIn(_Body):
 
     schema: Annotated[
         dict[str, Any],
-        msgspec.Meta(description="A JSON Schema (draft 2020-12), at most 64 KiB as JSON; "
-                     "`$ref`s only inside it; `format` is not checked."),
+        msgspec.Meta(
+            description="A JSON Schema (draft 2020-12), at most 64 KiB as JSON; `$ref`s only "
+            "inside it; `format` is not checked.",
+            # Any JSON, as a payload: no NUL in a string or key, integers of 64 bits.
+            extra_json_schema={"propertyNames": {"pattern": NO_NUL},
+                               "additionalProperties": _VALUE_REF},
+        ),
     ]  # fmt: skip
     description: Description = ""
 
