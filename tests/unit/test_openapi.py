@@ -60,7 +60,8 @@ def test_every_route_of_the_app_is_documented_and_nothing_else() -> None:
     """The app's url map, in OpenAPI's path syntax, is the document's list of operations (the
     console's HTML pages, ``/console``, are no part of the API)."""
     config = parse_config({"workers": {"webhook": {}}}, env={})
-    store = cast(Store, SimpleNamespace(metrics_snapshot=None, event_catalog=None))  # not called while building
+    # not called while building
+    store = cast(Store, SimpleNamespace(metrics_snapshot=None, event_catalog=None))
     app = create_app(store, config, {"webhook": RecordingAdapter("webhook")})
     routes = {
         (method, re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule))
