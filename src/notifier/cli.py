@@ -1,4 +1,5 @@
-"""``notifier migrate | run | check | tenant create|list|rotate-key|disable|enable|expunge``.
+"""``notifier migrate | run | check | tenant create|list|rotate-key|disable|enable|expunge|
+strict-event-types``.
 Exit codes: 0 ok, 1 runtime failure (``check``: a check failed), 2 bad usage or config (a schema
 that is not migrated, a tenant name taken or not found)."""
 
@@ -122,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
         tenant_sub.add_parser(verb, parents=[common], help=what).add_argument(
             "name", type=_tenant_name
         )
+    strict = tenant_sub.add_parser(
+        "strict-event-types", parents=[common],
+        help="on: refuse the tenant's events of types not in its event-type catalog; "
+        "off: store them unchecked (the default)",
+    )  # fmt: skip
+    strict.add_argument("name", type=_tenant_name)
+    strict.add_argument("setting", choices=("on", "off"))
     expunge = tenant_sub.add_parser(
         "expunge", parents=[common],
         help="expunge the payloads (and response excerpts) of the tenant's events created "
@@ -308,6 +316,10 @@ async def _tenant(config: Config, args: argparse.Namespace) -> None:
                               "expunged": done.expunged,
                               "skipped_in_flight": done.skipped_in_flight,
                               "batches": done.batches}))  # fmt: skip
+        elif verb == "strict-event-types":
+            if not await store.set_tenant_strict_event_types(name, args.setting == "on"):
+                raise UsageError(f"no tenant named {name!r}")
+            print(json.dumps({"name": name, "strict_event_types": args.setting == "on"}))
         elif verb == "rotate-key":
             api_key = _new_key()
             if not await store.rotate_tenant_key(name, hash_api_key(api_key)):

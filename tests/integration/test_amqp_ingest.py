@@ -405,3 +405,43 @@ async def test_a_stop_finishes_the_batch_in_hand(
             await wait_until(lambda: ingest.statistics().stored == 3)
     assert await scalar(database_url, "SELECT count(*) FROM events") == 3
     assert await ready(broker_url, QUEUE) == 0
+
+
+async def test_the_event_type_catalog_refuses_to_the_dead_letter_queue(
+    database_url: str, broker_url: str, vhost: str
+) -> None:
+    """Billing registered `order.created` (n ≥ 1) and is strict; shop registered nothing."""
+    await create_tenant(database_url, "billing")
+    await create_tenant(database_url, "shop")
+    await sql(
+        database_url,
+        "INSERT INTO event_types (tenant_id, name, schema) SELECT id, 'order.created', "
+        "'{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\", \"minimum\": 1}}}'"
+        "::jsonb FROM tenants WHERE name = 'billing'",
+    )  # fmt: skip
+    await sql(database_url, "UPDATE tenants SET strict_event_types = true WHERE name = 'billing'")
+    messages = [
+        Message(event(1), message_id="good"),
+        Message(event(0), message_id="too-small"),
+        Message(json.dumps({"type": "order.lost", "payload": {}}).encode(), message_id="strict"),
+        Message(event(0), message_id="shop-unchecked", app_id=OTHER_APP),
+    ]
+    config = ingest_config(
+        database_url, broker_url, prefetch=len(messages), batch_linger_seconds=LONG_LINGER
+    )
+    async with running_ingest(config) as ingest:
+        await publish(broker_url, messages)
+        with trio.fail_after(20):
+            await wait_until(lambda: ingest.statistics().dead_lettered == 2)
+        stats = ingest.statistics()
+    assert await ready(broker_url, QUEUE) == 0
+    assert (stats.transactions, stats.stored) == (1, 2)
+    dead = {m.message_id: m.headers for m in await take_all(broker_url, DLQ)}
+    assert {k: (h[ERROR_CODE_HEADER], h[ERROR_HEADER]) for k, h in dead.items()} == {
+        "too-small": ("schema_violation", "payload at $.n: 0 is less than the minimum of 1 "
+                      "(schema of event type 'order.created')"),
+        "strict": ("unregistered_event_type", "type: 'order.lost' is not in the tenant's "
+                   "event-type catalog (strict_event_types is on)"),
+    }  # fmt: skip
+    stored = await sql(database_url, "SELECT idempotency_key FROM events")
+    assert sorted(r[0] for r in stored) == ["good", "shop-unchecked"]

@@ -17,6 +17,7 @@ import trio.testing
 from notifier.broker.amqp_publisher import id_rounds
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import ingest_topology
+from notifier.catalog import StoredCatalog
 from notifier.config import Config, parse_config
 from notifier.errors import ConfigError, StoreError, StoreUnavailable, UnstorableText
 from notifier.ingest import jsonguard
@@ -250,6 +251,15 @@ class FakeStore:
             (TENANT_IDS["shop"], OTHER_CHANNEL),
         }
         self._keys: dict[tuple[uuid.UUID, str], tuple[str, Event]] = {}
+        self.catalogs: dict[uuid.UUID, StoredCatalog] = {}  # event-type catalogs by tenant
+        self.catalog_lookups = 0
+
+    async def event_catalog(self, tenant_id: uuid.UUID) -> StoredCatalog:
+        await trio.lowlevel.checkpoint()
+        if self.down:
+            raise StoreUnavailable("Postgres unavailable")
+        self.catalog_lookups += 1
+        return self.catalogs.get(tenant_id, StoredCatalog(False, {}))
 
     @property
     def stored(self) -> list[NewEvent]:
@@ -377,6 +387,36 @@ async def test_one_transaction_for_the_good_and_the_dead_letter_queue_for_the_ba
         "notifier_events_ingested_total", {"source": "amqp"}
     )
     assert ingested == 3  # new events only: the replay and the refused are not counted
+
+
+ORDER_SCHEMA = {
+    "type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "minimum": 1}},
+}  # fmt: skip
+
+
+async def test_the_event_type_catalog_dead_letters_what_it_refuses(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    s = Setup()
+    s.store.catalogs[TENANT_IDS["billing"]] = StoredCatalog(True, {"order.created": ORDER_SCHEMA})
+    batch = [
+        s.message(body(), message_id="good"),
+        s.message(body(payload={"n": 0}), message_id="too-small"),
+        s.message(body(type="order.unknown"), message_id="unregistered"),
+        s.message(body(type="order.unknown"), message_id="other-tenant", app_id="shop-app"),
+    ]
+    await s.ingest.handle(batch)
+    assert [e.idempotency_key for e in s.store.stored] == ["good", "other-tenant"]
+    assert s.dead() == {
+        "too-small": ("schema_violation", "payload at $.n: 0 is less than the minimum of 1 "
+                      "(schema of event type 'order.created')"),
+        "unregistered": ("unregistered_event_type", "type: 'order.unknown' is not in the "
+                         "tenant's event-type catalog (strict_event_types is on)"),
+    }  # fmt: skip
+    assert s.settled == {m.delivery_tag: Settle.ACK for m in batch}
+    # Read once per tenant, then from the cache until a change forgets it (or 30 s pass).
+    await s.ingest.handle([s.message(body(), message_id="again")])
+    assert s.store.catalog_lookups == 2
 
 
 async def test_postgres_unreachable_holds_the_batch_then_requeues_it(

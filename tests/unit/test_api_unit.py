@@ -507,6 +507,9 @@ async def test_postgres_unavailable_fails_every_request_stored_together_with_503
     held: Api, mock_clock: MockClock
 ) -> None:
     await held.channel()
+    # A process already serving the tenant: its event-type catalog is cached (else reading it
+    # would answer 503 before the group commit is reached).
+    assert (await held.call("POST", "/v1/events", json=EVENT)).status == 202
     store = held.store
     assert isinstance(store, HeldStore)
     store.unavailable = True

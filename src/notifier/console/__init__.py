@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from quart import Quart
 
 from notifier.config import Config
-from notifier.console import auth, channels, deliveries, overview  # noqa: F401  (their routes join the blueprint)
+from notifier.console import (  # noqa: F401  (their routes join the blueprint)
+    auth,
+    catalog,
+    channels,
+    deliveries,
+    overview,
+)
 from notifier.console.session import (
     Sessions,
     SignInThrottle,

@@ -5,7 +5,8 @@ A batch is whatever the consumer holds — up to ``prefetch`` messages, gathered
 (docs/architecture.md §7). Per batch, in this order:
 
 1. each message is decoded and validated (``amqp_messages.parse_message``) and its ``app_id``
-   resolved to a tenant (names → ids cached by ``tenants.TenantCache``);
+   resolved to a tenant (names → ids cached by ``tenants.TenantCache``), and its event
+   checked against the tenant's event-type catalog (``catalog.Catalogs``, cached too);
 2. the valid events, of any tenants, are stored in ONE transaction (``Store.ingest_each``); an
    event refused on its own (idempotency conflict, unknown channel ids) does not sink the
    others, and a batch that fails as a whole for another reason (a text Postgres cannot hold)
@@ -27,11 +28,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import msgspec
 import trio
 
 from notifier.broker.amqp import open_connection
 from notifier.broker.base import Confirm, Incoming, Publisher, Settle
 from notifier.broker.topology import ingest_topology
+from notifier.catalog import Catalogs, EventRefused, StoredCatalog
 from notifier.config import Config
 from notifier.errors import BrokerError, StoreError, StoreUnavailable, UnstorableText
 from notifier.ingest.amqp_messages import (
@@ -59,6 +62,8 @@ Outcome = IngestResult | IdempotencyConflict | UnknownChannels
 
 class IngestStore(Protocol):
     async def tenant_ids_by_names(self, names: Sequence[str]) -> dict[str, uuid.UUID]: ...
+
+    async def event_catalog(self, tenant_id: uuid.UUID) -> StoredCatalog: ...
 
     async def ingest_each(
         self, events: Sequence[tuple[uuid.UUID, NewEvent]], max_attempts: Mapping[str, int]
@@ -115,7 +120,11 @@ class AmqpIngest:
         # a whole batch's unknown names cost one lookup, and a refusal is final for its message
         # (dead-lettered, not tried again by a client), so a name remembered as unknown while a
         # NOTIFY cannot arrive would refuse the events of a tenant just created.
-        self._tenants = (tenant_caches or TenantCaches()).cache(store.tenant_ids_by_names)
+        caches = tenant_caches or TenantCaches()
+        self._tenants = caches.cache(store.tenant_ids_by_names)
+        # Each tenant's event-type catalog, forgotten with its tenant on every NOTIFY.
+        self._catalogs = Catalogs(store.event_catalog)
+        caches.register(self._catalogs)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()
         self._ingested = (metrics or Metrics()).events_ingested.labels(source="amqp")
@@ -223,6 +232,8 @@ class AmqpIngest:
             if tenant_id is None:
                 reason = f"tenant {p.tenant!r} (app_id {m.app_id!r}) does not exist or is disabled"
                 refused.append((m, Rejected("unknown_tenant", reason)))
+            elif (wrong := await self._check(tenant_id, p.event)) is not None:
+                refused.append((m, wrong))
             else:
                 items.append((m, tenant_id, p.event))
         if not items:
@@ -257,6 +268,18 @@ class AmqpIngest:
             else:
                 refused.append((m, outcome))
         return stored, refused
+
+    async def _check(self, tenant_id: uuid.UUID, event: NewEvent) -> Rejected | None:
+        """The refusal of ``event`` by its tenant's event-type catalog (as the HTTP API's:
+        ``schema_violation`` naming the path, ``unregistered_event_type``), or None."""
+        catalog = await self._catalogs.of(tenant_id)
+        if catalog.empty:
+            return None
+        try:
+            catalog.check(event.type, msgspec.json.decode(event.payload))
+        except EventRefused as exc:
+            return Rejected(exc.code, exc.message)
+        return None
 
     async def _one_by_one(
         self, items: Sequence[tuple[Incoming, uuid.UUID, NewEvent]]

@@ -15,9 +15,18 @@ import msgspec
 from quart_trio import QuartTrio
 
 from notifier.adapters.base import ChannelValidator
+from notifier.catalog import Catalogs
 from notifier.config import Config, metrics_token
 from notifier.console import install_console
-from notifier.ingest.api import channels, deliveries, docs, events, health, operations
+from notifier.ingest.api import (
+    catalog,
+    channels,
+    deliveries,
+    docs,
+    events,
+    health,
+    operations,
+)
 from notifier.ingest.api.context import (
     ApiContext,
     install,
@@ -37,7 +46,7 @@ from notifier.metrics_scrape import ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 from notifier.store.rows import MetricsSnapshot
 
-ROUTE_GROUPS = (health, docs, channels, events, deliveries, operations)
+ROUTE_GROUPS = (health, docs, channels, events, catalog, deliveries, operations)
 
 # A batch of single events takes a few milliseconds; a request queued behind one that has run
 # this long (Postgres stalls) stores its event in a batch of its own beside it, so that it waits
@@ -62,12 +71,16 @@ def create_app(
     the broker's queue depths read with ``read_queue_depths`` (left out without it). The app's
     cache of tenants by API key is one of ``tenant_caches`` (the process's, which
     ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
-    own: its entries then live their TTL). ``environ`` holds the variable that
-    ``ingest.metrics_token_env`` names (default: this process's environment)."""
+    own: its entries then live their TTL); the event-type catalogs are forgotten with them.
+    ``environ`` holds the variable that ``ingest.metrics_token_env`` names (default: this
+    process's environment)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
     max_attempts = max_attempts_by_type(config)
+    caches = tenant_caches or TenantCaches()
+    catalogs = Catalogs(store.event_catalog)
+    caches.register(catalogs)
 
     async def read_snapshot() -> MetricsSnapshot:
         return await store.metrics_snapshot(config.maintenance.retention_days)
@@ -78,7 +91,7 @@ def create_app(
     )  # fmt: skip
     ctx = ApiContext(
         store=store, config=config, validators=validators, max_attempts=max_attempts,
-        tenants=tenants_by_key_hash(store, tenant_caches or TenantCaches()),
+        tenants=tenants_by_key_hash(store, caches), catalogs=catalogs,
         commit=GroupCommit(
             store_each(store, max_attempts), max_batch=config.ingest.max_batch_events,
             patience_seconds=GROUP_COMMIT_PATIENCE_SECONDS,

@@ -126,3 +126,29 @@ class ReplayIn(_Body):
     limit: ReplayLimit = 100
     # `next_cursor` of the previous answer: go on after the deliveries it replayed.
     cursor: Cursor | None = None
+
+
+Description = Annotated[str, msgspec.Meta(max_length=2000, pattern=NO_NUL)]
+
+
+class EventTypeIn(_Body):
+    """``PUT /v1/event-types/{name}``: the type's description and JSON Schema (draft 2020-12),
+    which the payloads of events of that type must match."""
+
+    schema: Annotated[
+        dict[str, Any],
+        msgspec.Meta(
+            description="A JSON Schema (draft 2020-12), at most 64 KiB as JSON; `$ref`s only "
+            "inside it; `format` is not checked.",
+            # Any JSON, as a payload: no NUL in a string or key, integers of 64 bits.
+            extra_json_schema={"propertyNames": {"pattern": NO_NUL},
+                               "additionalProperties": _VALUE_REF},
+        ),
+    ]  # fmt: skip
+    description: Description = ""
+
+
+class TenantPatch(_Body):
+    """``PATCH /v1/tenant``: the tenant's settings."""
+
+    strict_event_types: bool | msgspec.UnsetType = msgspec.UNSET

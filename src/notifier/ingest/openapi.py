@@ -28,9 +28,12 @@ from notifier.ingest.models import (
     ChannelIn,
     ChannelPatch,
     EventIn,
+    EventTypeIn,
     NoFields,
     ReplayIn,
+    TenantPatch,
 )
+from notifier.ingest.openapi_catalog import catalog_paths
 from notifier.ingest.openapi_parts import (
     SCHEMA_REF,
     answer,
@@ -61,7 +64,7 @@ from notifier.store.rows import DELIVERY_STATUSES
 OPENAPI_VERSION = "3.1.0"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
 REQUEST_MODELS: tuple[type[msgspec.Struct], ...] = (
-    ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields,
+    ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields, EventTypeIn, TenantPatch,
 )  # fmt: skip
 EXAMPLE_EVENT = {"type": "order.created", "payload": {"order_id": 42}}
 # A PATCH's `config`, by channel type, where it differs from a create's (the type's config).
@@ -126,8 +129,8 @@ def build_openapi(
         query("cursor", {"type": "string"}, "`next_cursor` of the previous page."),
     ]
     paths = {
-        **_channel_paths(schemas, types, page), **_event_paths(), **_delivery_paths(page),
-        **_operation_paths(),
+        **_channel_paths(schemas, types, page), **_event_paths(), **catalog_paths(),
+        **_delivery_paths(page), **_operation_paths(),
     }  # fmt: skip
     description = _DESCRIPTION.format(
         max_body_bytes=max_body_bytes, depth=jsonguard.MAX_DEPTH,
@@ -237,7 +240,9 @@ def _event_paths() -> dict[str, Any]:
              "202": answer("Stored, with its deliveries.", EventView, links=event_links),
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
             description="Fans out to the tenant's enabled channels whose recipient and "
-            "event types match (or exactly to `channel_ids`), in one transaction.",
+            "event types match (or exactly to `channel_ids`), in one transaction. A payload "
+            "of a registered event type must match its schema (422 `schema_violation`); in "
+            "strict mode an unregistered type is refused (422 `unregistered_event_type`).",
             parameters=[idempotency_key], body=ref(EventIn), example=EXAMPLE_EVENT,
         ),
     },
@@ -247,7 +252,8 @@ def _event_paths() -> dict[str, Any]:
             {"200": answer("Every event repeated an earlier one.", EventBatch, links=batch_links),
              "202": answer("Stored.", EventBatch, links=batch_links),
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
-            description="One conflicting idempotency key fails the whole batch (409).",
+            description="One conflicting idempotency key fails the whole batch (409); so does "
+            "one event the event-type catalog refuses (422, naming `events[i]`).",
             body=ref(BatchIn), example={"events": [EXAMPLE_EVENT]},
         ),
     },

@@ -27,7 +27,9 @@ ERRORS = {
     415: ("UnsupportedMediaType", "`Content-Type` is not `application/json` "
           "(`unsupported_media_type`)."),
     422: ("Unprocessable", "Valid JSON that breaks a rule (`validation_error`, "
-          "`invalid_parameter`, `invalid_cursor`); the message names the field."),
+          "`invalid_parameter`, `invalid_cursor`; the event-type catalog's `schema_violation`, "
+          "`unregistered_event_type`, `invalid_schema`, `too_many_event_types`); the message "
+          "names the field, or the JSON path that fails (`payload at $.order.total: ...`)."),
     429: ("RateLimited", "Over the API key's event rate (`rate_limited`), or too many requests "
           "with a missing or unknown API key from the client's address "
           "(`too_many_unauthorized`: the key was not looked up); nothing was written. "

@@ -206,13 +206,27 @@ class TenantCache:
         return len(self._unknown)
 
 
+class Forgets(Protocol):
+    """A per-tenant cache that a tenant change empties (a ``TenantCache``, the event-type
+    catalogs of ``notifier.catalog``)."""
+
+    def forget(self, tenant_id: uuid.UUID) -> None: ...
+
+    def forget_all(self) -> None: ...
+
+
 class TenantCaches:
     """The tenant caches of one process, forgotten together: ``cache`` makes one (kept only
-    as long as its user keeps it), ``forget``/``forget_all`` reach every one."""
+    as long as its user keeps it), ``register`` adds another kind, ``forget``/``forget_all``
+    reach every one."""
 
     def __init__(self, ttl_seconds: float = TENANT_CACHE_SECONDS) -> None:
         self.ttl_seconds = ttl_seconds
-        self._caches: weakref.WeakSet[TenantCache] = weakref.WeakSet()
+        self._caches: weakref.WeakSet[Forgets] = weakref.WeakSet()
+
+    def register(self, cache: Forgets) -> None:
+        """Forget in ``cache`` too (kept only as long as its user keeps it)."""
+        self._caches.add(cache)
 
     def cache(
         self,

@@ -179,7 +179,29 @@ class Readiness(_View):
     schema: SchemaReport | None = None  # None when the database did not answer
 
 
+class EventTypeView(_View):
+    """A registered event type: events of it are checked against `schema`."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class EventTypeList(_View):
+    items: list[EventTypeView]
+
+
+class TenantView(_View):
+    """The API key's tenant and its settings."""
+
+    id: uuid.UUID
+    strict_event_types: bool
+
+
 RESPONSE_MODELS: tuple[type[msgspec.Struct], ...] = (
     ErrorBody, ChannelView, ChannelPage, EventView, EventDetail, EventBatch, DeliveryView,
-    DeliveryDetail, DeliveryPage, ReplayResult, Health, Readiness,
+    DeliveryDetail, DeliveryPage, ReplayResult, Health, Readiness, EventTypeView, EventTypeList,
+    TenantView,
 )  # fmt: skip

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from notifier.catalog import StoredCatalog
 from notifier.store.console import DeliveryFilter, FoundDelivery, HourlyCount
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import (
@@ -17,6 +18,7 @@ from notifier.store.rows import (
     Delivery,
     DestinationCircuit,
     Event,
+    EventType,
     IngestResult,
     MetricsSnapshot,
     NewEvent,
@@ -133,6 +135,30 @@ class ApiStore(Protocol):
         after: tuple[datetime, uuid.UUID] | None = None,
         limit: int,
     ) -> ReplayPage: ...
+
+    # -- the event-type catalog (notifier.store.event_types) ---------------------------------
+
+    async def put_event_type(
+        self,
+        tenant_id: uuid.UUID,
+        name: str,
+        *,
+        description: str,
+        schema: dict[str, Any],
+        max_types: int,
+    ) -> tuple[EventType, bool]: ...
+
+    async def get_event_type(self, tenant_id: uuid.UUID, name: str) -> EventType | None: ...
+
+    async def list_event_types(self, tenant_id: uuid.UUID) -> list[EventType]: ...
+
+    async def delete_event_type(self, tenant_id: uuid.UUID, name: str) -> bool: ...
+
+    async def event_catalog(self, tenant_id: uuid.UUID) -> StoredCatalog: ...
+
+    async def strict_event_types(self, tenant_id: uuid.UUID) -> bool: ...
+
+    async def set_strict_event_types(self, tenant_id: uuid.UUID, strict: bool) -> bool: ...
 
     # -- for the console (notifier.store.console) -------------------------------------------
 

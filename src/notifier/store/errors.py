@@ -55,3 +55,7 @@ class DeliveriesInFlight(StoreError):
             "the payload; expunge it once they are DELIVERED or DEAD"
         )
         self.count = count
+
+
+class TooManyEventTypes(StoreError):
+    """A new event type for a tenant whose catalog is full (``catalog.MAX_EVENT_TYPES``)."""

@@ -1,11 +1,11 @@
 """The store: the query classes of every role composed into one ``Store`` over one bounded
 asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
-Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
-``expunge``, ``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``,
-``circuits``, ``console``, ``console_sessions``, ``alerts``); what they share (the named SQL, the
-one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors
-in ``errors``.
+Each role's queries live in a module of their own (``admin``, ``channels``, ``event_types``,
+``events``, ``expunge``, ``deliveries``, ``attempts``, ``outbox``, ``maintenance``,
+``ratelimits``, ``circuits``, ``console``, ``console_sessions``, ``alerts``); what they share
+(the named SQL, the one bridge crossing, the error mapping) in ``base``, the bounded pool in
+``pool``; its errors in ``errors``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from notifier.store.circuits import CircuitQueries
 from notifier.store.console import ConsoleQueries
 from notifier.store.console_sessions import ConsoleSessionQueries
 from notifier.store.deliveries import DeliveryQueries
+from notifier.store.event_types import EventTypeQueries
 from notifier.store.events import EventQueries
 from notifier.store.expunge import ExpungeQueries
 from notifier.store.maintenance import MaintenanceQueries
@@ -35,6 +36,7 @@ from notifier.store.ratelimits import RateLimitQueries
 class Store(
     AdminQueries,
     ChannelQueries,
+    EventTypeQueries,
     EventQueries,
     ExpungeQueries,
     DeliveryQueries,

@@ -203,3 +203,13 @@ class DeadHistory(msgspec.Struct, frozen=True, kw_only=True):
 
     channel_name: str | None = None
     attempts: tuple[AttemptRow, ...] = ()
+
+
+class EventType(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered event type of a tenant's catalog (``notifier.catalog``)."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime

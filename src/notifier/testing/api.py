@@ -43,16 +43,17 @@ from notifier.store.rows import (
 )
 from notifier.store.versions import SchemaState
 from notifier.testing import fanout_targets
+from notifier.testing.api_catalog import MemoryApiCatalog
 from notifier.testing.api_deliveries import MemoryApiDeliveries
 from notifier.testing.api_state import StoredDelivery, StoredEvent
 
 DEFAULT_MAX_ATTEMPTS = 5  # when neither the channel nor its type says (as in insert_events)
 
 
-class MemoryApiStore(MemoryApiDeliveries, ApiStore):
+class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
     """An ``ApiStore`` in memory (see the module docstring); mypy checks it implements the
     interface it names. Its state is ``api_state.MemoryApiState``'s, its deliveries' part
-    ``api_deliveries.MemoryApiDeliveries``."""
+    ``api_deliveries.MemoryApiDeliveries``, its event-type catalog ``api_catalog``."""
 
     # -- for tests --------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the route groups share, held by the app rather than by a closure: the store, the config,
-the channel-config validators, the tenant cache, the group commit of single events, the rate
-limiter, metrics and the prebuilt OpenAPI document. ``create_app`` builds one ``ApiContext`` per
-app; a handler reads it with ``api_context()``."""
+the channel-config validators, the tenant cache, the event-type catalogs, the group commit of
+single events, the rate limiter, metrics and the prebuilt OpenAPI document. ``create_app``
+builds one ``ApiContext`` per app; a handler reads it with ``api_context()``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prometheus_client import Counter
 from quart import Quart, current_app
 
 from notifier.adapters.base import ChannelValidator
+from notifier.catalog import Catalogs
 from notifier.config import Config
 from notifier.errors import StoreError
 from notifier.ingest.events import Outcome, Pair
@@ -34,6 +35,7 @@ class ApiContext:
     validators: Mapping[str, ChannelValidator]  # by channel type: the enabled types
     max_attempts: Mapping[str, int]  # per event type, for ingest
     tenants: TenantCache  # API key hash → tenant id
+    catalogs: Catalogs  # tenant id → its compiled event-type catalog
     # Single events of concurrent requests, stored together (``ingest.events.store_each``).
     commit: GroupCommit[Pair, Outcome | StoreError]
     rate_limiter: IngestLimit | None  # per tenant, shared by the fleet; None: no limit

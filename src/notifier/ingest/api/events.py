@@ -1,15 +1,18 @@
-"""``/v1/events``: ingest one event or a batch (idempotent, rate limited per tenant), read one
-back with its deliveries, and expunge one's payload."""
+"""``/v1/events``: ingest one event or a batch (idempotent, rate limited per tenant, checked
+against the tenant's event-type catalog), read one back with its deliveries, and expunge one's
+payload."""
 
 from __future__ import annotations
 
 import math
 import re
 import uuid
+from collections.abc import Sequence
 
 import msgspec
 from quart import Blueprint, Response, request
 
+from notifier.catalog import EventRefused
 from notifier.ingest.api.auth import current_tenant
 from notifier.ingest.api.context import ApiContext, api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
@@ -89,6 +92,23 @@ def idempotency_key(data: EventIn, header_key: str | None) -> str | None:
     return key
 
 
+async def check_events(
+    ctx: ApiContext, tenant_id: uuid.UUID, events: Sequence[EventIn], *, batch: bool = False
+) -> None:
+    """422 unless the tenant's event-type catalog takes every one of ``events``: a payload
+    that does not match its type's schema (``schema_violation``, naming the failing path), a
+    type not in the catalog while ``strict_event_types`` is on (``unregistered_event_type``).
+    The catalog comes from the process's cache: no statement per request."""
+    catalog = await ctx.catalogs.of(tenant_id)
+    if catalog.empty:
+        return
+    for i, e in enumerate(events):
+        try:
+            catalog.check(e.type, e.payload, f"events[{i}]." if batch else "")
+        except EventRefused as exc:
+            raise ApiError(422, exc.code, exc.message) from exc
+
+
 async def store_event(
     ctx: ApiContext, tenant_id: uuid.UUID, data: EventIn, header_key: str | None
 ) -> tuple[EventView, int]:
@@ -96,6 +116,7 @@ async def store_event(
     idempotency key), its view and status (202 stored, 200 the same event again); the store's
     refusals are raised (answered by ``errors``)."""
     event = new_event(data, idempotency_key(data, header_key))
+    await check_events(ctx, tenant_id, [data])
     await admit(tenant_id, 1, ctx)
     # Stored together with the events of the requests in flight beside it: one statement, one
     # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
@@ -116,6 +137,7 @@ async def store_batch(
     max_events = ctx.config.ingest.max_batch_events
     if len(data.events) > max_events:
         raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
+    await check_events(ctx, tenant_id, data.events, batch=True)  # one refused: none stored
     ids = new_ids(len(data.events))
     results = await ingest(
         tenant_id,

@@ -1,0 +1,296 @@
+"""The event-type catalog: a tenant's event types, each with a JSON Schema (draft 2020-12) that
+the payloads of that type must match, and the tenant's ``strict_event_types`` switch (a type it
+has not registered is then refused).
+
+``compile_schema`` checks a schema before it is stored (the metaschema, its size, only local
+``$ref``\\ s that resolve, patterns the linear-time regex engine takes); ``Catalog.check``
+checks an event; and
+``Catalogs`` keeps each tenant's compiled catalog in an ingest process for
+``CATALOG_CACHE_SECONDS``, forgotten as soon as the tenant's catalog changes (the NOTIFY on
+``notifier_tenants``, through ``tenants.TenantCaches``), so that checking an event costs no
+round trip to Postgres.
+
+Validation is ``jsonschema_rs`` (Rust; about a microsecond for a small payload, where the
+pure-Python ``jsonschema`` takes some 80). Its ``pattern``\\ s run on a regex engine without
+backtracking, so a pattern cannot take exponential time (a pure-Python validator gives a
+tenant a way to freeze the process's event loop with ``(a+)+$``); the price is that lookaround
+and backreferences are refused at registration.
+
+What is not checked: ``format`` is an annotation (draft 2020-12's default): ``"format":
+"email"`` does not refuse a string that is not one. Remote references are never retrieved: a
+``$ref`` must point inside the schema (``#/$defs/...``, ``#anchor``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jsonschema_rs
+import msgspec
+import trio
+
+from notifier.errors import NotifierError
+
+log = logging.getLogger("notifier.catalog")
+
+Validator = jsonschema_rs.Draft202012Validator
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+MAX_SCHEMA_BYTES = 64 * 1024  # a schema's size as compact JSON
+MAX_DESCRIPTION_CHARS = 2000
+MAX_EVENT_TYPES = 200  # per tenant (the list route answers them all)
+# How long an ingest process trusts a tenant's compiled catalog at most. A change is NOTIFYed
+# and forgets it at once; the TTL bounds it only where no NOTIFY can arrive (no LISTEN behind a
+# transaction pooler, or the LISTEN connection down).
+CATALOG_CACHE_SECONDS = 30.0
+# A reason longer than this (it may quote the offending value) is cut.
+MAX_REASON_CHARS = 300
+
+
+class SchemaRefused(NotifierError):
+    """A schema that cannot be registered: ``path`` (a JSON path into the schema) and why."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"schema at {path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class EventRefused(NotifierError):
+    """An event the catalog refuses: ``code`` (``schema_violation`` or
+    ``unregistered_event_type``) and the message, which names the failing path."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _refuse(uri: str) -> Any:
+    """The validator's retrieval: none (a reference outside the schema is never fetched)."""
+    raise ValueError(f"{uri}: references outside the schema are not fetched")
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def _step(key: str | int) -> str:
+    if isinstance(key, int):
+        return f"[{key}]"
+    return f".{key}" if key.isidentifier() else f"[{msgspec.json.encode(key).decode()}]"
+
+
+def json_path(steps: Sequence[str | int]) -> str:
+    """``$.order.items[3]["odd key"]``: the JSON path of a list of keys and indexes."""
+    return "$" + "".join(_step(s) for s in steps)
+
+
+def _references(node: Any, path: str) -> Iterator[tuple[str, str, str]]:
+    """Every keyword of ``node`` that points elsewhere: (its JSON path, keyword, value)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = path + _step(key)
+            if key in ("$ref", "$dynamicRef", "$id") and isinstance(value, str):
+                yield here, key, value
+            elif key not in ("const", "enum", "default", "examples"):  # values, not schemas
+                yield from _references(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _references(value, f"{path}[{i}]")
+
+
+_NOWHERE = re.compile(r"Pointer '(.*)' does not exist")
+
+
+def _validator(schema: dict[str, Any]) -> Validator:
+    """The compiled validator: ``format`` not asserted, no retrieval, and patterns matched by a
+    regular-expression engine that runs in linear time (no backtracking: a tenant's pattern
+    cannot stall the ingest process)."""
+    return jsonschema_rs.Draft202012Validator(
+        schema, validate_formats=False, retriever=_refuse,
+        pattern_options=jsonschema_rs.RegexOptions(),
+    )  # fmt: skip
+
+
+def compile_schema(schema: Any) -> Validator:
+    """The validator of ``schema``, checked for registration; ``SchemaRefused`` naming the
+    path in the schema and the problem otherwise."""
+    if not isinstance(schema, dict):
+        raise SchemaRefused("$", "a schema must be a JSON object")
+    size = len(msgspec.json.encode(schema))
+    if size > MAX_SCHEMA_BYTES:
+        raise SchemaRefused("$", f"{size} bytes; at most {MAX_SCHEMA_BYTES} bytes as JSON")
+    declared = schema.get("$schema", DRAFT)
+    if declared not in (DRAFT, DRAFT + "#"):
+        raise SchemaRefused(json_path(["$schema"]), f"only draft 2020-12 ({DRAFT}) is supported")
+    try:
+        jsonschema_rs.meta.validate(schema)  # the metaschema (and every pattern a regex)
+    except jsonschema_rs.ValidationError as exc:
+        raise SchemaRefused(json_path(exc.instance_path), _cut(exc.message)) from None
+    found = list(_references(schema, "$"))
+    for path, keyword, value in found:
+        if keyword == "$id":
+            if path != '$["$id"]':
+                raise SchemaRefused(path, "$id only at the root (references stay in the schema)")
+        elif not value.startswith("#"):
+            raise SchemaRefused(
+                path, f"{_cut(value)!r}: only references inside the schema (starting with #)"
+            )
+    try:
+        return _validator(schema)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
+        message = str(getattr(exc, "message", exc)).splitlines()[0]
+        nowhere = _NOWHERE.match(message)
+        if nowhere is not None:
+            for path, keyword, value in found:
+                if keyword != "$id" and value == "#" + nowhere[1]:
+                    raise SchemaRefused(
+                        path, f"{value!r} points to nothing in the schema"
+                    ) from None
+        steps = getattr(exc, "instance_path", [])
+        raise SchemaRefused(json_path(steps), _cut(message)) from None
+    except ValueError as exc:  # anything else the compiler refuses
+        raise SchemaRefused("$", _cut(str(exc).splitlines()[0])) from None
+
+
+def schema_error(validator: Validator, payload: Any) -> tuple[str, str] | None:
+    """``(JSON path in the payload, reason)`` of the first error of ``payload``, or None when
+    it matches."""
+    try:
+        error = next(iter(validator.iter_errors(payload)), None)
+    except Exception as exc:  # a payload must never turn into a 500
+        log.warning("checking a payload against its event type's schema failed: %r", exc)
+        return "$", "could not be checked against the schema"
+    if error is None:
+        return None
+    return json_path(error.instance_path), _cut(error.message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """A tenant's catalog as ingest checks events with it: the validators by event type."""
+
+    strict: bool = False
+    validators: Mapping[str, Validator] = dataclasses.field(default_factory=dict)
+
+    def check(self, event_type: str, payload: Any, where: str = "") -> None:
+        """``EventRefused`` unless an event of ``event_type`` with ``payload`` may be stored;
+        ``where`` prefixes the message (``events[3].``, in a batch)."""
+        validator = self.validators.get(event_type)
+        if validator is None:
+            if self.strict:
+                raise EventRefused(
+                    "unregistered_event_type",
+                    f"{where}type: {event_type!r} is not in the tenant's event-type catalog "
+                    "(strict_event_types is on)",
+                )
+            return
+        found = schema_error(validator, payload)
+        if found is not None:
+            path, reason = found
+            raise EventRefused(
+                "schema_violation",
+                f"{where}payload at {path}: {reason} (schema of event type {event_type!r})",
+            )
+
+    @property
+    def empty(self) -> bool:
+        return not self.strict and not self.validators
+
+
+EMPTY = Catalog()
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredCatalog:
+    """What the store keeps of a tenant's catalog: the switch and the schemas by type."""
+
+    strict: bool
+    schemas: Mapping[str, dict[str, Any]]
+
+
+def compiled(stored: StoredCatalog) -> Catalog:
+    """``stored`` compiled. A stored schema that no longer compiles (registered by a version
+    with other rules, or written by hand) is logged and its type checked by nothing."""
+    validators: dict[str, Validator] = {}
+    for name, schema in stored.schemas.items():
+        try:
+            validators[name] = compile_schema(schema)
+        except SchemaRefused as exc:
+            log.warning("event type %r: its stored schema is refused (%s); not checked", name, exc)
+    return Catalog(stored.strict, validators)
+
+
+class _Lookup:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: Catalog | None = None
+        self.error: Exception | None = None
+
+
+class Catalogs:
+    """Tenant id → its compiled ``Catalog``, read with ``lookup`` (one call per tenant missing;
+    concurrent readers of the same tenant share it), kept ``ttl_seconds`` or until ``forget``.
+    A lookup under way when its tenant was forgotten is answered but not kept (it may have read
+    the catalog before the change)."""
+
+    def __init__(
+        self,
+        lookup: Callable[[uuid.UUID], Awaitable[StoredCatalog]],
+        ttl_seconds: float = CATALOG_CACHE_SECONDS,
+    ) -> None:
+        self._lookup = lookup
+        self._ttl = ttl_seconds
+        self._kept: dict[uuid.UUID, tuple[Catalog, float]] = {}
+        self._pending: dict[uuid.UUID, _Lookup] = {}
+        self._forgotten = 0
+
+    async def of(self, tenant_id: uuid.UUID) -> Catalog:
+        """Trio-flavoured. The tenant's catalog (from the cache when it is fresh)."""
+        while True:
+            now = trio.current_time()
+            kept = self._kept.get(tenant_id)
+            if kept is not None and kept[1] > now:
+                return kept[0]
+            pending = self._pending.get(tenant_id)
+            if pending is None:
+                return await self._look_up(tenant_id, now)
+            await pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
+            if pending.answer is not None:
+                return pending.answer
+
+    async def _look_up(self, tenant_id: uuid.UUID, now: float) -> Catalog:
+        pending = self._pending[tenant_id] = _Lookup()
+        forgotten = self._forgotten
+        try:
+            pending.answer = compiled(await self._lookup(tenant_id))
+        except Exception as exc:
+            pending.error = exc
+            raise
+        finally:
+            if self._pending.get(tenant_id) is pending:
+                del self._pending[tenant_id]
+            pending.done.set()
+        if forgotten == self._forgotten:
+            self._kept[tenant_id] = (pending.answer, now + self._ttl)
+        return pending.answer
+
+    def forget(self, tenant_id: uuid.UUID) -> None:
+        """The tenant's catalog changed: read it again next time."""
+        self._forgotten += 1
+        self._kept.pop(tenant_id, None)
+        self._pending.pop(tenant_id, None)
+
+    def forget_all(self) -> None:
+        self._forgotten += 1
+        self._kept.clear()
+        self._pending.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)

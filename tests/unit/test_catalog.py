@@ -1,0 +1,273 @@
+"""The event-type catalog (``notifier.catalog``): which schemas can be registered and where a
+refused one is wrong, how an event is checked (the failing path named), and the per-tenant cache
+of compiled catalogs (its TTL on a clock that stands still, forgetting on a tenant change, one
+lookup for concurrent readers). And the catalog routes of the API over the in-memory store."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from notifier.catalog import (
+    CATALOG_CACHE_SECONDS,
+    MAX_SCHEMA_BYTES,
+    Catalog,
+    Catalogs,
+    EventRefused,
+    SchemaRefused,
+    StoredCatalog,
+    compile_schema,
+    compiled,
+)
+from notifier.config import parse_config
+from notifier.ingest.app import create_app
+from notifier.ingest.catalog_openapi import catalog_document
+from notifier.ingest.tenants import TenantCaches, hash_api_key
+from notifier.store.rows import EventType
+from notifier.testing import RecordingAdapter
+from notifier.testing.api import MemoryApiStore
+
+ORDER = {
+    "type": "object",
+    "required": ["order"],
+    "properties": {
+        "order": {"type": "object", "properties": {"total": {"$ref": "#/$defs/money"}}},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "odd key": {"type": "string"},
+    },
+    "$defs": {"money": {"type": "number", "minimum": 0}},
+}
+TENANT = uuid.UUID(int=1)
+
+
+@pytest.mark.parametrize(
+    ("schema", "path", "reason"),
+    [
+        ([], "$", "must be a JSON object"),
+        ({"type": "wat"}, "$.type", "is not valid"),
+        ({"properties": {"a": {"minimum": "0"}}}, "$.properties.a.minimum", "is not of type"),
+        ({"pattern": "("}, "$.pattern", 'is not a "regex"'),  # compiled here, not at ingest
+        # The linear-time engine has no lookaround nor backreferences.
+        ({"properties": {"a": {"pattern": "(?=x)"}}}, "$.properties.a.pattern", "regex"),
+        ({"patternProperties": {"(a)\\1": {}}}, '$.patternProperties["(a)\\\\1"]', "regex"),
+        ({"$ref": "https://example.com/s.json"}, '$["$ref"]', "only references inside"),
+        ({"$ref": "s.json#/x"}, '$["$ref"]', "only references inside"),
+        ({"items": {"$ref": "#/$defs/x"}}, '$.items["$ref"]', "points to nothing"),
+        ({"$ref": "#nowhere"}, "$", "Anchor 'nowhere' does not exist"),
+        ({"properties": {"a": {"$id": "a.json"}}}, '$.properties.a["$id"]', "only at the root"),
+        ({"$schema": "http://json-schema.org/draft-07/schema#"}, '$["$schema"]', "2020-12"),
+        ({"description": "x" * MAX_SCHEMA_BYTES}, "$", f"at most {MAX_SCHEMA_BYTES} bytes"),
+    ],
+)  # fmt: skip
+def test_a_schema_that_cannot_be_used_is_refused_naming_where(
+    schema: Any, path: str, reason: str
+) -> None:
+    with pytest.raises(SchemaRefused) as refused:
+        compile_schema(schema)
+    assert refused.value.path == path
+    assert reason in refused.value.reason
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {},
+        ORDER,
+        {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"},
+        {"$defs": {"a": {"$anchor": "money", "type": "number"}}, "$ref": "#money"},
+        {"type": "object", "properties": {"next": {"$ref": "#"}}},  # recursion that ends
+        {"$ref": "#"},  # a reference to itself: evaluated, not looped on
+        {"pattern": "^(a+)+$"},  # backtracks exponentially in Python's re; linear here
+        {"const": {"$ref": "not a reference: data"}},  # values are not schemas
+    ],
+)
+def test_schemas_that_are_taken(schema: dict[str, Any]) -> None:
+    compile_schema(schema)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"order": {"total": "x"}}, 'payload at $.order.total: "x" is not of type "number"'),
+        ({"order": {"total": -1}}, "payload at $.order.total: -1 is less than the minimum of 0"),
+        ({}, 'payload at $: "order" is a required property'),
+        ({"order": {}, "tags": ["a", 2]}, 'payload at $.tags[1]: 2 is not of type "string"'),
+        ({"order": {}, "odd key": 1}, 'payload at $["odd key"]: 1 is not of type "string"'),
+    ],
+)
+def test_an_event_that_does_not_match_is_refused_naming_the_path(
+    payload: dict[str, Any], message: str
+) -> None:
+    catalog = Catalog(False, {"order.placed": compile_schema(ORDER)})
+    with pytest.raises(EventRefused) as refused:
+        catalog.check("order.placed", payload)
+    assert refused.value.code == "schema_violation"
+    assert refused.value.message == f"{message} (schema of event type 'order.placed')"
+
+
+def test_format_is_not_checked_and_long_reasons_are_cut() -> None:
+    catalog = Catalog(False, {
+        "a": compile_schema({"properties": {"email": {"type": "string", "format": "email"}}}),
+        "b": compile_schema({"properties": {"v": {"type": "integer"}}}),
+    })  # fmt: skip
+    catalog.check("a", {"email": "not an address"})
+    with pytest.raises(EventRefused) as refused:
+        catalog.check("b", {"v": "x" * 10_000})
+    assert len(refused.value.message) < 500
+
+
+def test_unregistered_types_pass_unless_strict() -> None:
+    Catalog(False, {}).check("anything", {"x": 1})
+    with pytest.raises(EventRefused) as refused:
+        Catalog(True, {}).check("anything", {}, "events[2].")
+    assert refused.value.code == "unregistered_event_type"
+    assert refused.value.message.startswith("events[2].type: 'anything' is not in the tenant's")
+
+
+def test_a_pattern_that_would_backtrack_is_matched_in_linear_time() -> None:
+    """``^(a+)+$`` against 30 a's and a '!' takes Python's ``re`` minutes (it doubles with each
+    a): a tenant could stall the ingest event loop with it. Here it is refused at once."""
+    catalog = Catalog(False, {"t": compile_schema({"properties": {"s": {"pattern": "^(a+)+$"}}})})
+    started = time.perf_counter()
+    with pytest.raises(EventRefused) as refused:
+        catalog.check("t", {"s": "a" * 30 + "!"})
+    assert time.perf_counter() - started < 1.0
+    assert "payload at $.s" in refused.value.message
+
+
+def test_a_deep_payload_for_a_recursive_schema_is_checked() -> None:
+    schema = {"type": "object", "properties": {"next": {"$ref": "#"}, "n": {"type": "integer"}}}
+    deep: dict[str, Any] = {"n": "x"}
+    for _ in range(1_000):  # far deeper than the JSON guard lets a body be (64)
+        deep = {"next": deep}
+    catalog = Catalog(False, {"chain": compile_schema(schema)})
+    with pytest.raises(EventRefused) as refused:
+        catalog.check("chain", deep)
+    assert "payload at $" + ".next" * 1_000 + '.n: "x" is not of type "integer"' in (
+        refused.value.message
+    )
+
+
+def test_a_stored_schema_that_no_longer_compiles_checks_nothing() -> None:
+    catalog = compiled(StoredCatalog(True, {"ok": {"type": "object"}, "bad": {"type": "wat"}}))
+    assert set(catalog.validators) == {"ok"}
+    assert catalog.strict
+
+
+class CountingStore:
+    def __init__(self) -> None:
+        self.catalogs: dict[uuid.UUID, StoredCatalog] = {}
+        self.lookups: list[uuid.UUID] = []
+        self.gate: trio.Event | None = None
+
+    async def event_catalog(self, tenant_id: uuid.UUID) -> StoredCatalog:
+        self.lookups.append(tenant_id)
+        if self.gate is not None:
+            await self.gate.wait()
+        await trio.lowlevel.checkpoint()
+        return self.catalogs.get(tenant_id, StoredCatalog(False, {}))
+
+
+async def test_a_catalog_is_kept_for_its_ttl(mock_clock: trio.testing.MockClock) -> None:
+    store = CountingStore()
+    catalogs = Catalogs(store.event_catalog)
+    assert (await catalogs.of(TENANT)).empty
+    await trio.sleep(CATALOG_CACHE_SECONDS - 1)
+    await catalogs.of(TENANT)
+    assert store.lookups == [TENANT]
+    await trio.sleep(1)
+    await catalogs.of(TENANT)
+    assert store.lookups == [TENANT, TENANT]
+
+
+async def test_a_tenant_change_forgets_its_catalog_at_once(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    store = CountingStore()
+    caches = TenantCaches()
+    catalogs = Catalogs(store.event_catalog)
+    caches.register(catalogs)
+    other = uuid.UUID(int=2)
+    await catalogs.of(TENANT)
+    await catalogs.of(other)
+    store.catalogs[TENANT] = StoredCatalog(True, {})
+    caches.forget(TENANT)  # what the NOTIFY of the tenant's id does
+    assert (await catalogs.of(TENANT)).strict
+    await catalogs.of(other)
+    assert store.lookups == [TENANT, other, TENANT]
+    caches.forget_all()  # the LISTEN connection came back: anything may have changed
+    await catalogs.of(other)
+    assert store.lookups == [TENANT, other, TENANT, other]
+
+
+async def test_concurrent_readers_share_one_lookup_and_a_forgotten_one_is_not_kept(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    store = CountingStore()
+    store.gate = trio.Event()
+    catalogs = Catalogs(store.event_catalog)
+    got: list[Catalog] = []
+
+    async def read() -> None:
+        got.append(await catalogs.of(TENANT))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        catalogs.forget(TENANT)  # a change while the lookup is under way
+        store.gate.set()
+    assert len(got) == 3
+    assert store.lookups == [TENANT]  # the three readers shared one lookup
+    store.gate = None
+    await catalogs.of(TENANT)  # its answer, read before the change, was not kept
+    assert store.lookups == [TENANT, TENANT]
+    await catalogs.of(TENANT)  # this one was
+    assert store.lookups == [TENANT, TENANT]
+
+
+def test_the_export_moves_a_types_references_into_its_component() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    doc = catalog_document(str(TENANT), [EventType(
+        name="order.placed", description="", schema={"$id": "https://x/o.json", **ORDER},
+        created_at=now, updated_at=now,
+    )])  # fmt: skip
+    component = doc["components"]["schemas"]["EventType_order.placed"]
+    assert "$id" not in component
+    total = component["properties"]["order"]["properties"]["total"]
+    assert total == {"$ref": "#/components/schemas/EventType_order.placed/$defs/money"}
+    assert doc["webhooks"]["order.placed"]["post"]["summary"] == "An event of type order.placed"
+
+
+async def test_the_api_forgets_its_own_changes_at_once(mock_clock: trio.testing.MockClock) -> None:
+    """Over the in-memory store (no NOTIFY): a PUT, a DELETE and a PATCH of the tenant apply to
+    the next event in this process without waiting for the cache's TTL."""
+    store = MemoryApiStore()
+    await store.create_tenant("a", hash_api_key("key-a"))
+    app = create_app(store, parse_config({"workers": {"webhook": {}}}, env={}),
+                     {"webhook": RecordingAdapter("webhook")})  # fmt: skip
+    client = app.test_client()
+    auth = {"Authorization": "Bearer key-a"}
+
+    async def post(event_type: str, payload: dict[str, Any]) -> int:
+        resp = await client.post(
+            "/v1/events", json={"type": event_type, "payload": payload}, headers=auth
+        )
+        return resp.status_code
+
+    assert await post("order.placed", {}) == 202  # the empty catalog is cached now
+    put = await client.put("/v1/event-types/order.placed", json={"schema": ORDER}, headers=auth)
+    assert put.status_code == 201
+    assert await post("order.placed", {}) == 422
+    assert (await client.delete("/v1/event-types/order.placed", headers=auth)).status_code == 204
+    assert await post("order.placed", {}) == 202
+    patch = await client.patch("/v1/tenant", json={"strict_event_types": True}, headers=auth)
+    assert (await patch.get_json()) == {"id": str(next(iter(store.tenants.values()))),
+                                        "strict_event_types": True}  # fmt: skip
+    assert await post("order.placed", {}) == 422
