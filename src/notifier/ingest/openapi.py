@@ -20,6 +20,8 @@ from notifier.adapters.webhook.channels import WebhookConfigUpdate
 from notifier.ingest import jsonguard
 from notifier.ingest.api.docs import BUNDLE_PATH
 from notifier.ingest.models import (
+    FILTER,
+    FILTER_SCHEMA,
     IDEMPOTENCY_HEADER_PATTERN,
     JSON_VALUE,
     JSON_VALUE_SCHEMA,
@@ -119,6 +121,7 @@ def build_openapi(
     )
     schemas[BatchIn.__name__]["properties"]["events"]["maxItems"] = max_batch_events
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA  # what EventIn's payload holds
+    schemas[FILTER] = FILTER_SCHEMA  # a channel's payload filter
     # An integer may be written 229.0 (JSON Schema's integer is a value, not a spelling).
     limit = {"type": "integer", "minimum": 1, "maximum": max_page, "default": default_page}
     page = [
