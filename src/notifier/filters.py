@@ -211,10 +211,10 @@ def _kind(value: Any) -> str | None:
 def to_jsonpath(flt: Filter) -> str:
     """The strict-mode ``jsonpath`` predicate of a filter ``parse`` accepted.
 
-    Each condition becomes ``exists($ ? (<comparison on @>))``: inside a filter expression a
-    missing key or a comparison of different kinds is "unknown" and drops the item, so the
-    condition is plainly false instead of unknown (or an error) and ``!`` negates it as the
-    language says. Keys and strings are JSON string literals with every non-ASCII character
+    Each condition becomes ``exists($ ? (exists(<path> ? (<test of @>))))``: inside a filter
+    expression a missing key or a comparison of different kinds is "unknown" and drops the
+    item, so the condition is plainly false instead of unknown (or an error) and ``!`` negates
+    it as the language says. Keys and strings are JSON string literals with every non-ASCII character
     escaped (``\\uXXXX``), numbers are written by ``_literal``: nothing of the filter reaches
     the text unquoted."""
     return "strict " + _predicate(flt)
@@ -231,16 +231,18 @@ def _predicate(node: Filter) -> str:
         f"[{step}]" if isinstance(step, int) else "." + _string(step) for step in node["path"]
     )
     op = node["op"]
-    present = f"exists($ ? (exists({path})))"
     if op == "exists":
-        return present
+        return f"exists($ ? (exists({path})))"
     if op in ORDER_OPS:
-        return f"exists($ ? ({path} {_JSONPATH_ORDER[op]} {_literal(node['value'])}))"
-    values = node["value"] if op in LIST_OPS else [node["value"]]
-    equal = f"exists($ ? ({' || '.join(f'{path} == {_literal(v)}' for v in values)}))"
-    if op in ("eq", "in"):
-        return equal
-    return f"({present} && !{equal})"  # ne, nin: present, and none of the values
+        test = f"@ {_JSONPATH_ORDER[op]} {_literal(node['value'])}"
+    else:
+        values = node["value"] if op in LIST_OPS else [node["value"]]
+        test = " || ".join(f"@ == {_literal(v)}" for v in values)
+    # The value at the path, kept if it passes the test; the path is written once.
+    found = f"exists($ ? (exists({path} ? ({test}))))"
+    if op in ("ne", "nin"):  # present, and none of the values
+        return f"(exists($ ? (exists({path}))) && !{found})"
+    return found
 
 
 def _string(text: str) -> str:
@@ -363,3 +365,35 @@ def json_schema(ref: str, no_nul: str) -> dict[str, Any]:
             combinator("not", {"$ref": ref}),
         ],
     }
+
+
+# -- the costliest filter ------------------------------------------------------------------------
+
+
+def largest_filter() -> tuple[Filter, dict[str, Any]]:
+    """A filter at the limits at once, and a payload that passes it only after every one of its
+    conditions has been evaluated in full: ``MAX_CONDITIONS`` ``nin`` conditions on paths of
+    ``MAX_PATH_STEPS`` steps, each with as many values as ``MAX_FILTER_BYTES`` leaves room for
+    (none of them the payload's), under ``all`` nested to ``MAX_DEPTH`` levels. What a filter
+    can cost at fan-out is bounded by this one's (bench/filters.py measures it)."""
+    keys = [chr(ord("a") + i) for i in range(MAX_PATH_STEPS)]
+    payload: Any = -1
+    for key in reversed(keys):
+        payload = {key: payload}
+    levels = MAX_DEPTH - 1  # `all`s; the innermost one's conditions are at MAX_DEPTH
+    outer = 2  # conditions beside each inner `all`
+
+    def build(values: int) -> Filter:
+        def cond() -> Filter:
+            return {"path": list(keys), "op": "nin", "value": list(range(values))}
+
+        inner = MAX_CONDITIONS - outer * (levels - 1)
+        node: Filter = {"all": [cond() for _ in range(inner)]}
+        for _ in range(levels - 1):
+            node = {"all": [*(cond() for _ in range(outer)), node]}
+        return node
+
+    values = MAX_VALUES
+    while len(msgspec.json.encode(build(values))) > MAX_FILTER_BYTES:
+        values -= 1
+    return parse(build(values)), payload
