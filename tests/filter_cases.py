@@ -107,7 +107,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("gt strings in code-point order", c("count", "gt", "10"), True),
     ("lt timestamps as text", c("when", "lt", "2025-01-01"), True),
     ("gte timestamps as text", c("when", "gte", "2024-05-02"), False),
-    ("gt cyrillic", c("ключ", "gt", "value of а"), True),
+    ("gt cyrillic", c("ключ", "gt", "value of ж"), True),
     ("lt cyrillic", c("ключ", "lt", "value of я"), True),
     ("gt cyrillic, later letter", c("ключ", "gt", "value of я"), False),
     ("gt past the BMP", c("emoji😀", "gte", "value of emoji"), True),

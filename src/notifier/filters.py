@@ -214,9 +214,9 @@ def to_jsonpath(flt: Filter) -> str:
     Each condition becomes ``exists($ ? (exists(<path> ? (<test of @>))))``: inside a filter
     expression a missing key or a comparison of different kinds is "unknown" and drops the
     item, so the condition is plainly false instead of unknown (or an error) and ``!`` negates
-    it as the language says. Keys and strings are JSON string literals with every non-ASCII character
-    escaped (``\\uXXXX``), numbers are written by ``_literal``: nothing of the filter reaches
-    the text unquoted."""
+    it as the language says. Keys and strings are JSON string literals with every non-ASCII
+    character escaped (``\\uXXXX``), numbers are written by ``_literal``: nothing of the filter
+    reaches the text unquoted."""
     return "strict " + _predicate(flt)
 
 
