@@ -196,7 +196,8 @@ def _channel_paths(
             description="Only the fields named change: a concurrent change of the others "
             "(another PATCH, notifier disabling the channel) is kept. A `config` without "
             "`secret` keeps the stored one; a new `secret` starts a rotation. `enabled: true` "
-            "re-enables the channel and resets its health.",
+            "re-enables the channel and resets its health; `filter: null` removes its payload "
+            "filter.",
             body=patch_body, example={"name": "billing alerts"},
         ),
         "delete": op(
