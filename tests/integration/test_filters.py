@@ -138,3 +138,32 @@ async def test_a_bad_filter_is_a_422_naming_its_place_and_writes_nothing(api: Ap
             path=f"/v1/channels/{api.a_channel['id']}", json={"filter": flt},
         )  # fmt: skip
     assert await stored_filter(api, api.a_channel["id"]) == (None, None)
+
+
+async def test_any_character_but_nul_and_lone_surrogates_is_a_plain_key_and_value(
+    api: Api,
+) -> None:
+    """Every control character, newlines, non-ASCII and past the BMP, as a filter's key and
+    value: stored, compiled, and matched by exactly the payload holding that key and value.
+    NUL and a lone surrogate, which Postgres cannot hold, are refused writing nothing."""
+    texts = {f"U+{c:04X}": chr(c) for c in [*range(1, 0x20), 0x7F]} | {
+        "e-acute": "é", "line-separator": "\u2028", "byte-order-mark": "\ufeff",
+        "emoji": "\U0001f600", "quote-backslash": '"\\', "dollar-at": "$@", "crlf": "\r\n",
+    }  # fmt: skip
+    made = {}
+    for name, t in texts.items():
+        channel = await make_channel(api.a, name=name, filter=c(f"k{t}", "eq", f"v{t}"))
+        made[channel["id"]] = name
+    passing = await post_event(api.a, payload={f"k{t}": f"v{t}" for t in texts.values()})
+    got = {made.get(d["channel_id"]) for d in passing["deliveries"]}
+    assert got == {*texts, None}  # None: tenant A's channel without a filter
+    failing = await post_event(api.a, payload={f"k{t}": f"w{t}" for t in texts.values()})
+    assert [d["channel_id"] for d in failing["deliveries"]] == [api.a_channel["id"]]
+
+    for raw in ('"k\\u0000"', '"k\\ud800"'):  # JSON escapes, as a client sends them
+        body = '{"type": "webhook", "config": {"url": "https://hooks.example.com/in"}, '
+        body += f'"filter": {{"path": [{raw}], "op": "exists"}}}}'
+        await refused(
+            api, 422, "validation_error", "filter.path[0]", method="POST", path="/v1/channels",
+            content=body.encode(), headers={"content-type": "application/json"},
+        )  # fmt: skip
