@@ -94,6 +94,15 @@ def _join(where: str, step: str | int) -> str:
     return f"{where}.{step}" if where else step
 
 
+def _unknown(key: str) -> str:
+    """An unknown key as a message names it: as it is if it is a short plain word, else as a
+    JSON string cut to 40 characters (a message never carries a long or unprintable text)."""
+    if key.isidentifier() and len(key) <= 40:
+        return key
+    quoted = json.dumps(key)
+    return quoted if len(quoted) <= 40 else quoted[:39] + '…"'
+
+
 def _check(node: Any, where: str, depth: int, counter: _Counter) -> None:
     if depth > MAX_DEPTH:
         raise FilterError(where, f"nested deeper than {MAX_DEPTH} levels of filters")
@@ -104,7 +113,7 @@ def _check(node: Any, where: str, depth: int, counter: _Counter) -> None:
     if combinators:
         key = combinators[0]
         if extra := sorted(k for k in node if k != key):
-            raise FilterError(_join(where, extra[0]), f"unknown key beside {key!r}")
+            raise FilterError(_join(where, _unknown(extra[0])), f"unknown key beside {key!r}")
         inner = node[key]
         at = _join(where, key)
         if key == "not":
@@ -121,9 +130,9 @@ def _check(node: Any, where: str, depth: int, counter: _Counter) -> None:
 def _check_condition(node: dict[str, Any], where: str, counter: _Counter) -> None:
     if extra := sorted(k for k in node if k not in ("path", "op", "value")):
         raise FilterError(
-            _join(where, extra[0]), "unknown key (a filter is a condition {path, op, value} "
-            "or one of all, any, not)",
-        )  # fmt: skip
+            _join(where, _unknown(extra[0])),
+            "unknown key (a filter is a condition {path, op, value} or one of all, any, not)",
+        )
     counter.conditions += 1
     if counter.conditions > MAX_CONDITIONS:
         raise FilterError(where, f"more than {MAX_CONDITIONS} conditions in the filter")

@@ -102,6 +102,8 @@ BAD: list[tuple[Any, str]] = [
     ({"all": [c("a", "exists"), {"any": [c("a", "exists"), {"path": ["b"], "op": "eq"}]}]},
      "all[1].any[1].value: missing required key"),
     ({"not": {"not": "x"}}, "not.not: a filter is a JSON object, got string"),
+    ({"not": c("a", "exists"), "\n" + "x" * 100: 1},
+     '"\\n' + "x" * 36 + "…\": unknown key beside 'not'"),
     ({"any": [c("a", "exists")] * 21}, "any[20]: more than 20 conditions in the filter"),
 ]  # fmt: skip
 
