@@ -184,10 +184,12 @@ class Harness:
             self.subject = None
 
     def run_wrk(self, url: str, *, path: str, batch: int, event_type: str, seconds: float,
-                connections: int, delay_ms: float = 0.0) -> WrkResult:  # fmt: skip
+                connections: int, delay_ms: float = 0.0,
+                payload: str = "") -> WrkResult:  # fmt: skip
         proc, out = start_wrk(
             self.procs, self.tmp, url, key=self.scratch.key, path=path, batch=batch,
             event_type=event_type, seconds=seconds, connections=connections, delay_ms=delay_ms,
+            payload=payload,
         )  # fmt: skip
         # reap it ourselves: its CPU time comes with it (its /proc entry is gone afterwards)
         self.wrk_pid = proc.pid

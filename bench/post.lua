@@ -2,16 +2,19 @@
 -- Environment: BENCH_KEY (API key), BENCH_PATH (/v1/events or /v1/events/batch), BENCH_BATCH
 -- (events per request; 1 = a single event), BENCH_TYPE (the events' type), BENCH_PAYLOAD_BYTES
 -- (size of each payload, default 1024), BENCH_DELAY_MS (a pause before each request on a
--- connection: pacing; default none), BENCH_OUT (where done() writes its figures as JSON).
+-- connection: pacing; default none), BENCH_OUT (where done() writes its figures as JSON),
+-- BENCH_PAYLOAD (a JSON object every event carries as it is, instead of the generated one).
 
 local batch = tonumber(os.getenv("BENCH_BATCH") or "1")
 local event_type = os.getenv("BENCH_TYPE") or "bench.ingest"
 local size = tonumber(os.getenv("BENCH_PAYLOAD_BYTES") or "1024")
 local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
 local out = os.getenv("BENCH_OUT")
+local fixed_payload = os.getenv("BENCH_PAYLOAD")
 
 -- A payload of about `size` bytes of JSON: a few typed fields and a text that fills the rest.
 local function payload(i)
+  if fixed_payload and #fixed_payload > 0 then return fixed_payload end
   local head = string.format(
     '{"order_id":"ord_%08d","amount_cents":129900,"currency":"EUR","items":3,"note":"', i)
   local fill = string.rep("x", math.max(0, size - #head - 2))

@@ -114,7 +114,7 @@ class WrkResult:
 def start_wrk(
     procs: Processes, directory: Path, url: str, *, key: str, path: str, batch: int,
     event_type: str, seconds: float, connections: int, delay_ms: float = 0.0,
-    name: str = "wrk",
+    name: str = "wrk", payload: str = "",
 ) -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
     out = directory / f"{name}.json"
     out.unlink(missing_ok=True)
@@ -122,7 +122,7 @@ def start_wrk(
         **os.environ,
         "BENCH_KEY": key, "BENCH_PATH": path, "BENCH_BATCH": str(batch),
         "BENCH_TYPE": event_type, "BENCH_OUT": str(out),
-        "BENCH_DELAY_MS": f"{delay_ms:.3f}",
+        "BENCH_DELAY_MS": f"{delay_ms:.3f}", "BENCH_PAYLOAD": payload,
     }  # fmt: skip
     argv = [WRK, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
             "-s", str(HERE / "post.lua"), url]  # fmt: skip

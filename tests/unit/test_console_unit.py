@@ -229,6 +229,26 @@ async def test_channels_are_listed_with_their_health_and_no_secret(browser: Brow
     assert secret not in body
 
 
+async def test_a_channels_payload_filter_is_shown_escaped(browser: Browser) -> None:
+    body = {
+        "type": "webhook", "config": {"url": "https://hooks.example.com/in"},
+        "filter": {"path": ["<b>"], "op": "eq", "value": "<script>x</script>"},
+    }  # fmt: skip
+    filtered = str((await api(browser, "/v1/channels", body))["id"])
+    plain = await channel(browser)
+    await browser.sign_in()
+    _, page, _ = await browser.get("/console/channels")
+
+    [row] = re.findall(rf'<tr class="channel-row" id="channel-{filtered}">(.*?)</tr>', page, re.S)
+    assert (
+        'Payload filter: <span class="mono">{&#34;path&#34;: [&#34;&lt;b&gt;&#34;], '
+        "&#34;op&#34;: &#34;eq&#34;, &#34;value&#34;: &#34;&lt;script&gt;x&lt;/script&gt;&#34;}"
+    ) in row
+    assert "<script>" not in page
+    [row] = re.findall(rf'<tr class="channel-row" id="channel-{plain}">(.*?)</tr>', page, re.S)
+    assert "Payload filter" not in row
+
+
 async def test_a_channels_page_shows_the_circuit_of_its_destination(browser: Browser) -> None:
     channel_id = await channel(browser)
     await browser.sign_in()

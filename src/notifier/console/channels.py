@@ -1,6 +1,7 @@
-"""Channels: their health (with the circuit of their destination), enabling and disabling
-one, a new webhook secret (shown once, the old one signing on through the rotation's grace
-period), and a test event sent to one channel, followed on its delivery's page."""
+"""Channels: their health (with the circuit of their destination) and payload filters (shown,
+changed through the API), enabling and disabling one, a new webhook secret (shown once, the old
+one signing on through the rotation's grace period), and a test event sent to one channel,
+followed on its delivery's page."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ async def channels() -> Response:
     circuits = await circuits_for(found)
     shown = [
         (c, json.dumps(public_config(ctx.validators.get(c.type), c.config), ensure_ascii=False),
-         circuits[c.id])
+         circuits[c.id],
+         # its payload filter, as the API shows it (changed through the API: PATCH)
+         json.dumps(c.filter, ensure_ascii=False) if c.filter is not None else None)
         for c in found
     ]  # fmt: skip
     return await page("channels.html", signed_in=True, channels=shown)

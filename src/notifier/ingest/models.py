@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from notifier import filters
 from notifier.config import MIN_RATE_PER_SECOND
 from notifier.validation import whole
 
@@ -59,6 +60,13 @@ Payload = Annotated[
         extra_json_schema={"propertyNames": {"pattern": NO_NUL}, "additionalProperties": _VALUE_REF}
     ),
 ]
+# A channel's payload filter: checked by notifier.filters.parse (the route names the place of a
+# problem); its grammar is the OpenAPI document's component FILTER.
+FILTER = "ChannelFilter"
+FILTER_SCHEMA = filters.json_schema(f"#/components/schemas/{FILTER}", NO_NUL)
+ChannelFilter = Annotated[
+    dict[str, Any], msgspec.Meta(extra_json_schema={"$ref": f"#/components/schemas/{FILTER}"})
+]
 ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
 ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50, pattern=NO_NUL)]
 
@@ -78,6 +86,7 @@ class ChannelIn(_Body):
     enabled: bool = True
     max_attempts: MaxAttempts | None = None
     rate_limit_per_second: RatePerSecond | None = None
+    filter: ChannelFilter | None = None
 
 
 class ChannelPatch(_Body):
@@ -90,6 +99,7 @@ class ChannelPatch(_Body):
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     max_attempts: MaxAttempts | msgspec.UnsetType | None = msgspec.UNSET
     rate_limit_per_second: RatePerSecond | msgspec.UnsetType | None = msgspec.UNSET
+    filter: ChannelFilter | msgspec.UnsetType | None = msgspec.UNSET  # null: no filter
 
 
 class EventIn(_Body):

@@ -20,6 +20,8 @@ from notifier.adapters.webhook.channels import WebhookConfigUpdate
 from notifier.ingest import jsonguard
 from notifier.ingest.api.docs import BUNDLE_PATH
 from notifier.ingest.models import (
+    FILTER,
+    FILTER_SCHEMA,
     IDEMPOTENCY_HEADER_PATTERN,
     JSON_VALUE,
     JSON_VALUE_SCHEMA,
@@ -122,6 +124,7 @@ def build_openapi(
     )
     schemas[BatchIn.__name__]["properties"]["events"]["maxItems"] = max_batch_events
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA  # what EventIn's payload holds
+    schemas[FILTER] = FILTER_SCHEMA  # a channel's payload filter
     # An integer may be written 229.0 (JSON Schema's integer is a value, not a spelling).
     limit = {"type": "integer", "minimum": 1, "maximum": max_page, "default": default_page}
     page = [
@@ -196,7 +199,8 @@ def _channel_paths(
             description="Only the fields named change: a concurrent change of the others "
             "(another PATCH, notifier disabling the channel) is kept. A `config` without "
             "`secret` keeps the stored one; a new `secret` starts a rotation. `enabled: true` "
-            "re-enables the channel and resets its health.",
+            "re-enables the channel and resets its health; `filter: null` removes its payload "
+            "filter.",
             body=patch_body, example={"name": "billing alerts"},
         ),
         "delete": op(

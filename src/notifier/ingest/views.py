@@ -57,6 +57,12 @@ class ChannelHealth(_View):
     circuit: CircuitHealth
 
 
+# A channel's payload filter, as the OpenAPI document's component ChannelFilter describes it.
+FilterView = Annotated[
+    dict[str, Any], msgspec.Meta(extra_json_schema={"$ref": "#/components/schemas/ChannelFilter"})
+]
+
+
 class ChannelView(_View):
     """A channel. `config` holds the secret fields only in the answer to its creation."""
 
@@ -72,6 +78,8 @@ class ChannelView(_View):
     health: ChannelHealth
     max_attempts: int | None
     rate_limit_per_second: float | None
+    # The payload filter (README "Payload filters"); null: every payload matches.
+    filter: FilterView | None
     created_at: Timestamp
     updated_at: Timestamp
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from notifier import filters
 from notifier.store.base import Q, Row, crossing, transaction
 from notifier.store.errors import ConfigChanged
 from notifier.store.pool import Queries
@@ -32,9 +33,15 @@ def _channel(row: Row) -> Channel:
         last_success_at=row["last_success_at"],
         max_attempts=row["max_attempts"],
         rate_limit_per_second=row["rate_limit_per_second"],
+        filter=row["filter"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def _jsonpath(flt: dict[str, Any] | None) -> str | None:
+    """The jsonpath predicate the fan-out evaluates for ``flt`` (None: no filter)."""
+    return None if flt is None else filters.to_jsonpath(flt)
 
 
 class ChannelQueries(Queries):
@@ -53,10 +60,13 @@ class ChannelQueries(Queries):
         enabled: bool,
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> Channel:
+        """A new channel; ``filter`` is one ``notifier.filters.parse`` accepted."""
         row = await self._pool.fetchrow(
             Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
-            event_types, enabled, max_attempts, rate_limit_per_second,
+            event_types, enabled, max_attempts, rate_limit_per_second, filter,
+            _jsonpath(filter),
         )  # fmt: skip
         assert row is not None
         return _channel(row)
@@ -108,7 +118,7 @@ class ChannelQueries(Queries):
                 Q["channel_update"], tenant_id, channel_id, named, value("name"),
                 value("config"), value("recipient"), value("event_types"), value("enabled"),
                 value("max_attempts"), config_read if "config" in named else None,
-                value("rate_limit_per_second"),
+                value("rate_limit_per_second"), value("filter"), _jsonpath(value("filter")),
             )  # fmt: skip
             if row is not None:
                 return _channel(row)

@@ -2,9 +2,10 @@
 -- `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
 
 -- name: channel_insert
+-- $11 is the payload filter (NULL: none), $12 the jsonpath it compiles to (notifier.filters).
 INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts,
-                      rate_limit_per_second)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                      rate_limit_per_second, filter, filter_path)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonpath)
 RETURNING *;
 
 -- name: channel_get
@@ -24,6 +25,7 @@ LIMIT $6;
 -- of them (another PATCH, the worker disabling the channel) is never written over. A new config
 -- ($5) is made from the stored one (secrets carried over, a rotation's previous secret): it is
 -- written only if the config is still $10, the one it was made from; otherwise no row comes back.
+-- A new filter ($12) comes with its jsonpath ($13).
 UPDATE channels SET
     name = CASE WHEN 'name' = ANY($3::text[]) THEN $4 ELSE name END,
     config = CASE WHEN 'config' = ANY($3::text[]) THEN $5 ELSE config END,
@@ -33,6 +35,9 @@ UPDATE channels SET
     rate_limit_per_second = CASE WHEN 'rate_limit_per_second' = ANY($3::text[]) THEN $11::float8
                                  ELSE rate_limit_per_second END,
     enabled = CASE WHEN 'enabled' = ANY($3::text[]) THEN $8 ELSE enabled END,
+    -- a filter and its jsonpath change together ($12, $13; both NULL clear it)
+    filter = CASE WHEN 'filter' = ANY($3::text[]) THEN $12::jsonb ELSE filter END,
+    filter_path = CASE WHEN 'filter' = ANY($3::text[]) THEN $13::jsonpath ELSE filter_path END,
     disabled_reason = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_reason
                            WHEN $8 THEN NULL WHEN enabled THEN 'disabled through the API'
                            ELSE disabled_reason END,

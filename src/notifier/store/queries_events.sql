@@ -3,7 +3,7 @@
 
 -- name: insert_events
 -- One round trip for a whole batch: the events, their fan-out deliveries (the pattern rule is
--- notifier_type_matches) and the outbox rows carrying each delivery's worker message (built by
+-- notifier_type_matches, then the channel's payload filter) and the outbox rows carrying each delivery's worker message (built by
 -- notifier_worker_message). $2 is a JSON array of {id, type, recipient, payload,
 -- idempotency_key, request_hash, channel_ids}; $3 maps a channel type to its default
 -- max_attempts. Events whose idempotency key already exists (in event_keys) are skipped
@@ -46,6 +46,9 @@ targets AS (
              AND EXISTS (SELECT 1 FROM unnest(c.event_types) AS p
                          WHERE notifier_type_matches(p, ev.type))
         END)
+        -- The channel's payload filter, addressed or not (notifier.filters: a strict jsonpath
+        -- predicate that is true or false for any payload, never an error).
+        AND (c.filter_path IS NULL OR ev.payload @@ c.filter_path)
 ),
 dl AS (
     INSERT INTO deliveries AS d

@@ -30,6 +30,8 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     failing_since: datetime | None = None
     last_success_at: datetime | None = None
     rate_limit_per_second: float | None = None  # across the fleet; None: no limit
+    # The payload filter (notifier.filters); None: every payload matches.
+    filter: dict[str, Any] | None = None
 
 
 class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +45,7 @@ class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     max_attempts: int | msgspec.UnsetType | None = msgspec.UNSET
     rate_limit_per_second: float | msgspec.UnsetType | None = msgspec.UNSET
+    filter: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET  # None: no filter
 
     def named(self) -> list[str]:
         return [f for f in self.__struct_fields__ if getattr(self, f) is not msgspec.UNSET]

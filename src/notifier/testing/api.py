@@ -108,6 +108,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         enabled: bool,
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> Channel:
         await self._call()
         now = self._now()
@@ -115,7 +116,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
             id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
             recipient=recipient, event_types=list(event_types), enabled=enabled,
             max_attempts=max_attempts, rate_limit_per_second=rate_limit_per_second,
-            created_at=now, updated_at=now,
+            filter=filter, created_at=now, updated_at=now,
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel
@@ -237,6 +238,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         targets = fanout_targets(
             self.channels.values(), tenant_id=tenant_id, event_type=e.type,
             recipient=e.recipient, channel_ids=e.channel_ids,
+            payload=msgspec.json.decode(e.payload),
         )  # fmt: skip
         summaries = []
         for c in sorted(targets, key=lambda c: c.id):

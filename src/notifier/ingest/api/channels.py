@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from quart import Blueprint, Response, request
 
+from notifier import filters
 from notifier.adapters.base import (
     ChannelValidator,
     ChecksDestination,
@@ -83,6 +84,7 @@ def channel_view(
         ),
         max_attempts=channel.max_attempts,
         rate_limit_per_second=channel.rate_limit_per_second,
+        filter=channel.filter,
         created_at=channel.created_at,
         updated_at=channel.updated_at,
     )
@@ -134,6 +136,17 @@ async def prepare(
         raise ApiError(422, "validation_error", str(exc)) from exc
 
 
+def checked_filter(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A body's ``filter`` checked by the filter language's rules and limits (README "Payload
+    filters"); 422 naming the place inside the filter otherwise."""
+    if raw is None:
+        return None
+    try:
+        return filters.parse(raw)
+    except filters.FilterError as exc:
+        raise ApiError(422, "validation_error", exc.at("filter")) from exc
+
+
 async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, Any]:
     """The config a PATCH gives ``channel``: validated against its type, its stored
     secrets kept unless replaced."""
@@ -149,12 +162,14 @@ async def patched_config(channel: Channel, config: dict[str, Any]) -> dict[str, 
 async def create_channel() -> Response:
     tenant_id = await current_tenant()
     data = await read_body(ChannelIn)
+    flt = checked_filter(data.filter)
     validator = validator_for(data.type)
     config = await prepare(validator, data.config, tenant_id)
     channel = await api_context().store.create_channel(
         tenant_id, type=data.type, name=data.name, config=config,
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
+        filter=flt,
     )  # fmt: skip
     [circuit] = (await circuits_for([channel])).values()
     return json_response(channel_view(channel, validator, circuit, reveal=True), 201)
@@ -190,6 +205,8 @@ async def patch_channel(channel_id: uuid.UUID) -> Response:
     tenant_id = await current_tenant()
     patch = await read_body(ChannelPatch)
     named = {k: v for k, v in msgspec.structs.asdict(patch).items() if v is not msgspec.UNSET}
+    if "filter" in named:
+        named["filter"] = checked_filter(named["filter"])
     store = api_context().store
     for _ in range(PATCH_CONFIG_TRIES):
         channel = await store.get_channel(tenant_id, channel_id)
