@@ -5,6 +5,7 @@
     ├── ConfigError              the configuration file or environment (the CLI exits 2)
     ├── InvalidInput             what a caller sent is refused (also a ValueError)
     │   ├── adapters.base.InvalidChannelConfig
+    │   ├── filters.FilterError  a channel's payload filter
     │   ├── ingest.jsonguard.JsonRefused
     │   └── ingest.jsonguard.BodyRefused
     ├── StoreError               Postgres

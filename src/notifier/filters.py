@@ -37,6 +37,8 @@ from typing import Any
 
 import msgspec
 
+from notifier.errors import InvalidInput
+
 MAX_CONDITIONS = 20  # conditions (leaves) in one filter
 MAX_DEPTH = 8  # levels of filters: a lone condition is 1, {"not": condition} 2, …
 MAX_VALUES = 50  # values of one in/nin
@@ -54,7 +56,7 @@ _JSONPATH_ORDER = {"lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
 Filter = dict[str, Any]
 
 
-class FilterError(ValueError):
+class FilterError(InvalidInput):
     """A filter refused: ``where`` is the place inside the filter (``all[2].path[1]``, "" for
     the filter itself), ``problem`` what is wrong there."""
 
