@@ -29,13 +29,13 @@ import msgspec
 
 from notifier.config import LoggingConfig
 from notifier.errors import ConfigError
-from notifier.tracing import current_span
 from notifier.secrets import (
     REDACTED,
     SECRET_KEY_NAME,
     SECRETS,
     SecretRegistry,
 )
+from notifier.tracing import current_span
 
 LEVEL_ENV = "NOTIFIER_LOG_LEVEL"
 NOISY_LOGGERS = ("httpx", "httpcore", "aiormq", "hypercorn.access")
