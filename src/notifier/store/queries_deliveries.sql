@@ -89,8 +89,9 @@ logged AS (
     FROM numbered n JOIN upd u ON u.id = n.id
 ),
 queued AS (
-    INSERT INTO outbox (delivery_id, routing_key, body)
-    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1)
+    INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
+    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1),
+           e.traceparent
     FROM upd u JOIN numbered n ON n.id = u.id
     JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at
 )

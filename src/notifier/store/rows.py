@@ -76,6 +76,8 @@ class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str | None
     request_hash: str
     channel_ids: list[uuid.UUID] | None
+    # The W3C traceparent it was ingested under (tracing.parse_traceparent's), or None.
+    traceparent: str | None = None
 
 
 class IngestResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,6 +150,7 @@ class OutboxRow(msgspec.Struct, frozen=True):
     routing_key: str
     body: bytes
     created_at: datetime  # when the row was written (for the relay's lag)
+    traceparent: str | None = None  # its event's: the AMQP header ``traceparent``
 
 
 class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
