@@ -20,7 +20,8 @@ FROM deliveries
 WHERE tenant_id = $1 AND id = $2;
 
 -- name: delivery_attempts
-SELECT attempt, outcome, status_code, duration_ms, error, response_excerpt, started_at
+SELECT attempt, outcome, status_code, duration_ms, error, response_excerpt, started_at, trace_id,
+       span_id
 FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 
 -- name: replay_check

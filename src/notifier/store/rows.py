@@ -94,6 +94,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime
     # The start of the receiver's answer (at most 2048 bytes), as the adapter kept it.
     response_excerpt: str | None = None
+    trace_id: str | None = None  # the attempt's span (README, Tracing)
+    span_id: str | None = None
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +144,9 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     # The delivery's created_at (its event's, which its message carries): the day of history
     # that holds it, so the statement reads one partition. None: looked for in every one.
     created_at: datetime | None = None
+    # The attempt's span (README, Tracing): its trace id, and its own id when it was recorded.
+    trace_id: str | None = None
+    span_id: str | None = None
 
 
 class OutboxRow(msgspec.Struct, frozen=True):
