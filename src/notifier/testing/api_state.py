@@ -29,6 +29,7 @@ class StoredEvent:
     tenant_id: uuid.UUID
     event: Event  # its deliveries as they were created; its payload None once expunged
     request_hash: str
+    traceparent: str | None = None  # the trace context it was ingested under
 
 
 @dataclass
