@@ -140,20 +140,23 @@ async def test_with_tracing_off_a_caller_traceparent_reaches_the_receiver_unchan
 ) -> None:
     key = await create_tenant(database_url)
     config = fast_retries(database_url, broker_url)
-    async with open_sink(answers(500)) as sink:
-        async with run_notifier(config) as running, running.client(key) as api:
-            channel = await api.post(
-                "/v1/channels",
-                json={"type": "webhook", "config": {"url": sink.url}, "event_types": ["*"]},
-            )
-            assert channel.status_code == 201, channel.text
-            posted = await api.post(
-                "/v1/events", json={"type": "order.created", "payload": {}},
-                headers={"traceparent": CALLER},
-            )  # fmt: skip
-            delivery_id = posted.json()["deliveries"][0]["id"]
-            with trio.fail_after(30):
-                await wait_status(database_url, delivery_id, "DELIVERED")
-            detail = (await api.get(f"/v1/deliveries/{delivery_id}")).json()
+    async with (
+        open_sink(answers(500)) as sink,
+        run_notifier(config) as running,
+        running.client(key) as api,
+    ):
+        channel = await api.post(
+            "/v1/channels",
+            json={"type": "webhook", "config": {"url": sink.url}, "event_types": ["*"]},
+        )
+        assert channel.status_code == 201, channel.text
+        posted = await api.post(
+            "/v1/events", json={"type": "order.created", "payload": {}},
+            headers={"traceparent": CALLER},
+        )  # fmt: skip
+        delivery_id = posted.json()["deliveries"][0]["id"]
+        with trio.fail_after(30):
+            await wait_status(database_url, delivery_id, "DELIVERED")
+        detail = (await api.get(f"/v1/deliveries/{delivery_id}")).json()
     assert [r.headers["traceparent"] for r in sink.received] == [CALLER, CALLER]
     assert [(a["trace_id"], a["span_id"]) for a in detail["attempts"]] == [(TRACE, None)] * 2
