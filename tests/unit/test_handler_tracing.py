@@ -44,7 +44,8 @@ def rig(adapter: SeesContext, tracing: Tracing) -> tuple[Handler, MemoryDeliveri
 async def handle(
     handler: Handler, sink: SettleLog, m: WorkerMessage, headers: dict[str, Any] | None
 ) -> Settle:
-    await handler.handle(Incoming(encode_message(m), str(m.delivery_id), 1, False, sink, headers=headers))  # fmt: skip
+    incoming = Incoming(encode_message(m), str(m.delivery_id), 1, False, sink, headers=headers)
+    await handler.handle(incoming)
     return sink.settled[-1][1]
 
 
