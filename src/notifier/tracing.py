@@ -48,6 +48,8 @@ def parse_traceparent(value: object) -> str | None:
     ``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, lowercase, ids not all zeros;
     a later version (not ``ff``) may carry more fields after these, which are dropped."""
     if isinstance(value, bytes):
+        if len(value) > 512:
+            return None
         try:
             value = value.decode("ascii")
         except UnicodeDecodeError:
