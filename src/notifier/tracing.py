@@ -160,14 +160,15 @@ class Tracing:
         when the block ends, failed when it raises."""
         span = self.start(name, parent, kind=kind, attributes=attributes, new_trace=new_trace)
         token = _current.set(span)
+        error: BaseException | None = None
         try:
             yield span
         except BaseException as exc:
-            span.end(exc)
+            error = exc
             raise
         finally:
             _current.reset(token)
-            span.end()
+            span.end(error)
 
     def shutdown(self, timeout_seconds: float) -> None:
         """Blocking. Send the spans not sent yet and stop the exporter, within about
