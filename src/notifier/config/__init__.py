@@ -4,7 +4,7 @@ Unknown keys and wrong types are refused with the key's dotted path in the messa
 broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
 the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``
 (the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``,
-``NOTIFIER_ALERTS_DEAD_WEBHOOK_URL``.
+``NOTIFIER_ALERTS_DEAD_WEBHOOK_URL``, ``NOTIFIER_OTLP_ENDPOINT``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from notifier.config.service import (
     cpu_quota_cores,
     process_count,
 )
+from notifier.config.tracing import TracingConfig, otlp_endpoint_problem
 from notifier.config.webhook import (
     CLIENT_CERTIFICATE_NAME,
     ClientCertificateConfig,
@@ -100,6 +101,7 @@ __all__ = [
     "SentryConfig",
     "ServiceConfig",
     "TelegramWorkersConfig",
+    "TracingConfig",
     "WebhookWorkersConfig",
     "WorkerGroupConfig",
     "WorkersConfig",
@@ -111,6 +113,7 @@ __all__ = [
     "load_config",
     "metrics_token",
     "nameserver_address",
+    "otlp_endpoint_problem",
     "parse_config",
     "postgres_url_problem",
     "process_count",
@@ -124,6 +127,7 @@ ENV_OVERRIDES = {
     "NOTIFIER_BROKER_URL": ("broker", "url"),
     "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
     "NOTIFIER_ALERTS_DEAD_WEBHOOK_URL": ("alerts", "dead_webhook_url"),
+    "NOTIFIER_OTLP_ENDPOINT": ("tracing", "otlp_endpoint"),
 }
 
 
@@ -152,6 +156,7 @@ class Config(Section, frozen=True):
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
     alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
+    tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
 
 
 def _friendly(exc: msgspec.ValidationError) -> str:

@@ -45,6 +45,7 @@ from notifier.metrics import Metrics
 from notifier.metrics_scrape import ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 from notifier.store.rows import MetricsSnapshot
+from notifier.tracing import NO_TRACING, Tracing
 
 ROUTE_GROUPS = (health, docs, channels, events, catalog, deliveries, operations)
 
@@ -64,6 +65,7 @@ def create_app(
     read_queue_depths: ReadQueueDepths | None = None,
     tenant_caches: TenantCaches | None = None,
     environ: Mapping[str, str] | None = None,
+    tracing: Tracing = NO_TRACING,
 ) -> QuartTrio:
     """Build the app. ``validators`` check channel configs, by channel type (the enabled types:
     ``specs.build_validators``). ``check_broker`` raises when RabbitMQ is unreachable (for
@@ -73,7 +75,8 @@ def create_app(
     ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
     own: its entries then live their TTL); the event-type catalogs are forgotten with them.
     ``environ`` holds the variable that ``ingest.metrics_token_env`` names (default: this
-    process's environment)."""
+    process's environment). ``tracing``
+    makes the ingest spans (README, Tracing; off by default)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
@@ -105,6 +108,7 @@ def create_app(
             max_batch_events=config.ingest.max_batch_events, max_page=MAX_PAGE,
             default_page=DEFAULT_PAGE,
         )),
+        tracing=tracing,
     )  # fmt: skip
     install(app, ctx)
     install_error_handlers(app)

@@ -218,6 +218,14 @@ def _event_paths() -> dict[str, Any]:
         "schema": {"type": "string", "minLength": 1, "maxLength": 255,
                    "pattern": IDEMPOTENCY_HEADER_PATTERN},
     }  # fmt: skip
+    traceparent = {
+        "name": "traceparent", "in": "header", "required": False,
+        "description": "The W3C trace context of the caller "
+        "(`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`): kept with the events and "
+        "sent on to the receivers (README, Tracing). A value out of shape, or the header given "
+        "twice, is ignored, never refused.",
+        "schema": {"type": "string"},
+    }  # fmt: skip
     deliveries = {
         "operationId": "listDeliveries", "parameters": {"query.event_id": "$response.body#/id"},
         "description": "The event's deliveries.",
@@ -247,7 +255,8 @@ def _event_paths() -> dict[str, Any]:
             "event types match (or exactly to `channel_ids`), in one transaction. A payload "
             "of a registered event type must match its schema (422 `schema_violation`); in "
             "strict mode an unregistered type is refused (422 `unregistered_event_type`).",
-            parameters=[idempotency_key], body=ref(EventIn), example=EXAMPLE_EVENT,
+            parameters=[idempotency_key, traceparent], body=ref(EventIn),
+            example=EXAMPLE_EVENT,
         ),
     },
     "/v1/events/batch": {
@@ -258,7 +267,8 @@ def _event_paths() -> dict[str, Any]:
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
             description="One conflicting idempotency key fails the whole batch (409); so does "
             "one event the event-type catalog refuses (422, naming `events[i]`).",
-            body=ref(BatchIn), example={"events": [EXAMPLE_EVENT]},
+            parameters=[traceparent], body=ref(BatchIn),
+            example={"events": [EXAMPLE_EVENT]},
         ),
     },
     "/v1/events/{event_id}": {

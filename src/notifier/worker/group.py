@@ -21,6 +21,7 @@ from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.ratelimit import SharedBuckets
+from notifier.tracing import NO_TRACING, Tracing
 from notifier.worker.circuit import Breaker, SharedCircuits, breaker_for
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.fair import FairDispatch, FairShare, Pending
@@ -109,6 +110,7 @@ async def run_worker_group(
     reporter: Reporter | None = None,
     metrics: Metrics | None = None,
     alerts: Alerts | None = None,
+    tracing: Tracing = NO_TRACING,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``.
@@ -151,7 +153,7 @@ async def run_worker_group(
                 observer=outcome_observers(
                     channel_type, reporter=reporter, metrics=metrics, alerts=alerts
                 ),
-                limits=store, circuits=circuits,
+                limits=store, circuits=circuits, tracing=tracing,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             dispatch = FairDispatch(
