@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import history, report, run
+from bench import history, report, run, tracing
 from bench.soak import soak
 
 
@@ -65,10 +65,24 @@ def main() -> int:
                         metavar="DAYS",
                         help="with --history: the month's retention_days "
                              f"(default {history.MONTH_RETENTION})")  # fmt: skip
+    parser.add_argument("--tracing", action="store_true",
+                        help="only what tracing costs: end to end before tracing, with it off, "
+                             "on at sample_ratio 0 and at 1.0 (an OTLP sink)")  # fmt: skip
+    parser.add_argument("--tracing-seconds", type=float, default=8.0, metavar="SECONDS",
+                        help="with --tracing: wrk duration per run (default 8)")  # fmt: skip
+    parser.add_argument("--tracing-rounds", type=int, default=2, metavar="N",
+                        help="with --tracing: runs of each mode, interleaved "
+                             "(default 2)")  # fmt: skip
+    parser.add_argument("--tracing-before", metavar="REV",
+                        help="with --tracing: the code from before tracing (default: the "
+                             "parent of the commit that added [tracing]; 'none': no such "
+                             "runs)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    if args.tracing and (args.tracing_rounds < 1 or args.tracing_seconds < 1):
+        parser.error("--tracing needs a round and a second of load at least")
     if args.history:
         if args.history_days < 2 or args.history_rows < args.history_days:
             parser.error("--history needs 2 days or more and a delivery a day at least")
@@ -105,6 +119,8 @@ def main() -> int:
         print(history.ratio_lines([(what, e, h) for _, what, e, h in pairs]), flush=True)
         if bench.history_result is not None:
             print(history.report(bench.history_result), flush=True)
+    elif args.tracing:
+        print(tracing.report(bench.stages), flush=True)
     elif not args.soak:
         print(report.ratios(bench.stages), flush=True)
         print(report.scaling(bench.stages), flush=True)
@@ -115,7 +131,7 @@ def main() -> int:
         "argv": sys.argv[1:], "python": platform.python_version(),
         "stages": [s.as_dict() for s in bench.stages],
         "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
-        "samples": bench.samples,
+        "samples": bench.samples, "tracing": tracing.values(bench.stages),
         "history": bench.history_result.as_dict() if bench.history_result is not None else None,
         "history_ratios": {key: history.stage_ratio(e, h) for key, _, e, h in pairs
                            if e is not None and h is not None},

@@ -31,7 +31,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from bench import history, report
+from bench import history, report, tracing
 from bench.harness import Harness
 from bench.procs import children, rss_kib, wait_for
 from bench.sink import Sink
@@ -312,6 +312,12 @@ class Bench(Harness):
             return
         if a.e2e:
             self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
+            return
+        if a.tracing:
+            before = a.tracing_before or tracing.default_before()
+            tracing.run_tracing(self, 3.0 if quick else a.tracing_seconds,
+                                1 if quick else a.tracing_rounds,
+                                None if before == "none" else before)  # fmt: skip
             return
         if a.history:
             self.history_stages(secs, backlog, a.history_rows, a.history_days,

@@ -1,0 +1,306 @@
+"""``--tracing``: what tracing costs, end to end. The same workload as the unpaced end-to-end
+stage (every role in one process, wrk posting single events for ``--tracing-seconds``, each
+delivered as a signed webhook into nginx) is run, in one invocation, in these modes:
+
+- ``before``: notifier's code from before tracing (``--tracing-before REV``, by default the
+  parent of the commit that added ``[tracing]``; ``git archive`` of its ``src`` into the
+  temporary directory, put first on the notifier process's PYTHONPATH), no ``[tracing]``;
+- ``off``: this checkout, no ``[tracing]`` (no endpoint: tracing off);
+- ``ratio0``: ``[tracing]`` with the OTLP sink's endpoint and ``sample_ratio = 0``: configured,
+  recording nothing;
+- ``ratio1``: the same with ``sample_ratio = 1.0``: every trace recorded and exported to the
+  OTLP sink (bench/otlp_sink.py), a process of its own that counts the spans it receives.
+
+The modes run in rounds, in order in the even rounds and in reverse in the odd ones (ABCD DCBA),
+so that a drift of the shared machine weighs on each mode alike. Per mode, the rounds are pooled:
+events over seconds for the rate, CPU seconds over events for the CPU per 1,000; the ratios are
+to ``off`` (and ``off`` to ``before``), with the spread of the same ratio round by round.
+
+Each run's CPU window is the load and the drain (from the first POST to the last webhook), and
+then ``SETTLE_SECONDS`` more in every mode, so that the spans of the last events are exported
+inside it (the export interval is ``EXPORT_INTERVAL_SECONDS``)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.otlp_sink import OtlpSink
+from bench.procs import wait_for
+from bench.stage import Stage, percentile
+
+if TYPE_CHECKING:
+    from bench.run import Bench
+
+REPO = Path(__file__).resolve().parent.parent
+# the commit that added the [tracing] section; its parent is the code from before tracing
+TRACING_MODULE = "src/notifier/config/tracing.py"
+MIGRATIONS = "src/notifier/store/migrations"
+# (key, what the table says)
+MODES = (
+    ("before", "before tracing"),
+    ("off", "tracing off"),
+    ("ratio0", "tracing on, sample_ratio 0"),
+    ("ratio1", "tracing on, sample_ratio 1.0"),
+)
+EXPORT_INTERVAL_SECONDS = 1.0
+SETTLE_SECONDS = EXPORT_INTERVAL_SECONDS + 0.5
+ROLES = "ingest,relay,workers,maintenance"
+# CPU groups of the table (bench/harness.py), and their headings
+GROUPS = (
+    ("server", "notifier"), ("pg_own", "pg own"), ("rabbitmq", "rabbit"), ("sink", "sink"),
+    ("wrk", "wrk"), ("otlp_sink", "otlp"),
+)  # fmt: skip
+# notifier's CPU with what it makes Postgres and RabbitMQ do: the sum the ratios also give
+WITH_SERVICES = ("server", "pg_own", "rabbitmq")
+
+
+def tracing_section(mode: str, endpoint: str) -> str:
+    """The ``[tracing]`` section of a mode's config ("" for the modes without one)."""
+    if mode not in ("ratio0", "ratio1"):
+        return ""
+    ratio = "0.0" if mode == "ratio0" else "1.0"
+    return (
+        f'[tracing]\notlp_endpoint = "{endpoint}"\nservice_name = "notifier-bench"\n'
+        f"sample_ratio = {ratio}\nexport_interval_seconds = {EXPORT_INTERVAL_SECONDS}\n"
+        f"export_timeout_seconds = 5.0\n"
+    )
+
+
+def order(modes: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, mode) in the order they run: the modes in order, then reversed, and so on."""
+    out = []
+    for r in range(rounds):
+        out += [(r, m) for m in (modes if r % 2 == 0 else list(reversed(modes)))]
+    return out
+
+
+# -- the code from before tracing --
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    return done.stdout.strip()
+
+
+def default_before() -> str | None:
+    """The parent of the first commit that added the ``[tracing]`` section's module, or None
+    when this checkout has no tracing (or is not a git checkout)."""
+    try:
+        added = _git("log", "--diff-filter=A", "--format=%H", "--", TRACING_MODULE).split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{added[-1]}^" if added else None
+
+
+def checkout(rev: str, into: Path) -> tuple[Path, str]:
+    """``src`` of ``rev`` extracted under ``into`` (``git archive``): the directory to put on
+    PYTHONPATH, and the commit's short hash."""
+    into.mkdir(parents=True)
+    commit = _git("rev-parse", "--short", f"{rev}^{{commit}}")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src"], check=True,
+                             capture_output=True, timeout=120).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=120)
+    return into / "src", commit
+
+
+def migrations(src: Path) -> list[str]:
+    return sorted(p.name for p in (src / "notifier/store/migrations").glob("*.sql"))
+
+
+# -- the runs --
+
+
+def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None) -> None:
+    """Every mode ``rounds`` times (``order``), each a stage of its own (key
+    ``tracing_MODE_ROUND``)."""
+    modes = [m for m, _ in MODES]
+    pythonpath: str | None = None
+    if before is None:
+        bench.say("tracing: no code from before tracing to compare with (--tracing-before)")
+        modes.remove("before")
+    else:
+        src, commit = checkout(before, bench.tmp / "before")
+        ours = migrations(REPO / "src")
+        if migrations(src) != ours:
+            bench.say(f"tracing: {before} ({commit}) has other migrations than this checkout: "
+                      f"its code would refuse the scratch database; no 'before' runs")  # fmt: skip
+            modes.remove("before")
+        else:
+            pythonpath = str(src)
+            bench.say(f"tracing: 'before' runs the code of {commit} ({before})")
+    bench.otlp = OtlpSink(bench.procs)
+    for r, mode in order(modes, rounds):
+        run_one(bench, mode, r, seconds, pythonpath if mode == "before" else None)
+
+
+def run_one(bench: Bench, mode: str, r: int, seconds: float, pythonpath: str | None) -> Stage:
+    """One end-to-end run of a mode: notifier with every role, wrk unpaced for ``seconds``,
+    until every accepted event is delivered, then ``SETTLE_SECONDS``."""
+    s, sink, otlp = bench.scratch, bench.sink, bench.otlp
+    assert sink is not None
+    assert otlp is not None
+    what = dict(MODES)[mode]
+    event_type = f"bench.tracing.{mode}.{r}"
+    bench.start_notifier(ROLES, tag=mode, config_extra=tracing_section(mode, otlp.endpoint),
+                         pythonpath=pythonpath)  # fmt: skip
+    base = sink.count()
+    spans0 = otlp.stats()
+    stop = bench.measure()
+    t0 = time.time()
+    res = bench.run_wrk(f"http://127.0.0.1:{bench.port}", path="/v1/events", batch=1,
+                        event_type=event_type, seconds=seconds, connections=16)  # fmt: skip
+    accepted = int(s.value("SELECT count(*) FROM events WHERE type = $1", event_type))
+    wait_for(lambda: sink.count() - base >= accepted, max(120.0, accepted / 20),
+             f"{what}: the deliveries")  # fmt: skip
+    last = sink.arrivals(base + accepted - 1, base + accepted)[0]
+    time.sleep(SETTLE_SECONDS)  # the last spans' export, inside the window in every mode
+    cpu, window = stop()
+    spans_window = otlp.stats()["spans"] - spans0["spans"]
+    lat = bench.latencies(event_type, base, accepted)
+    bench.stop_subject()
+    spans1 = otlp.stats()  # with what the shutdown flushed
+    names = {k: v - spans0["names"].get(k, 0) for k, v in spans1["names"].items()}
+    return bench.done(Stage(
+        f"tracing_{mode}_{r}", f"{what} (round {r + 1})", "events", accepted, last.at - t0,
+        p50_ms=percentile(lat, 50) if lat else None, p95_ms=percentile(lat, 95) if lat else None,
+        p99_ms=percentile(lat, 99) if lat else None, cpu=cpu, window=window,
+        extra={
+            "server": "notifier, all roles", "mode": mode, "round": r,
+            "accepted_per_s": res.requests / res.seconds, "ingest_p99_ms": res.p99_ms,
+            "wrk_errors": res.errors, "spans": spans1["spans"] - spans0["spans"],
+            "spans_in_window": spans_window, "span_names": {k: v for k, v in names.items() if v},
+            "otlp_requests": spans1["requests"] - spans0["requests"],
+            "otlp_bytes": spans1["bytes"] - spans0["bytes"],
+            "otlp_refused": spans1["refused"] - spans0["refused"],
+        },
+    ))  # fmt: skip
+
+
+# -- the arithmetic and the report --
+
+
+def pooled(stages: Iterable[Stage]) -> dict[str, Any] | None:
+    """One mode's runs together: events, seconds, the rate (events over seconds), CPU seconds
+    and CPU per 1,000 events per group, spans and spans per event; None without runs."""
+    runs = list(stages)
+    if not runs:
+        return None
+    items = sum(s.items for s in runs)
+    secs = sum(s.seconds for s in runs)
+    cpu: dict[str, float] = {}
+    for s in runs:
+        for group, value in s.cpu.items():
+            cpu[group] = cpu.get(group, 0.0) + value
+    spans = sum(int(s.extra.get("spans", 0)) for s in runs)
+    names: dict[str, int] = {}
+    for s in runs:
+        for name, n in (s.extra.get("span_names") or {}).items():
+            names[name] = names.get(name, 0) + int(n)
+    per = {g: v / items * 1000 if items else 0.0 for g, v in cpu.items()}
+    return {
+        "runs": len(runs), "events": items, "seconds": secs,
+        "rate": items / secs if secs > 0 else 0.0, "cpu": cpu, "cpu_per_1000": per,
+        "cpu_per_1000_with_services": sum(per.get(g, 0.0) for g in WITH_SERVICES),
+        "spans": spans, "spans_per_event": spans / items if items else 0.0,
+        "span_names_per_event": {k: v / items for k, v in sorted(names.items())} if items else {},
+        "p50_ms": _mean(s.p50_ms for s in runs), "p99_ms": _mean(s.p99_ms for s in runs),
+    }  # fmt: skip
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """``a`` over ``b``: the rate, notifier's CPU per event, and that with its Postgres backends
+    and RabbitMQ (0.0 where ``b``'s figure is 0)."""
+
+    def over(x: float, y: float) -> float:
+        return x / y if y else 0.0
+
+    return {
+        "rate": over(a["rate"], b["rate"]),
+        "cpu_per_item": over(a["cpu_per_1000"].get("server", 0.0),
+                             b["cpu_per_1000"].get("server", 0.0)),
+        "cpu_per_item_with_services": over(a["cpu_per_1000_with_services"],
+                                           b["cpu_per_1000_with_services"]),
+    }  # fmt: skip
+
+
+# (mode, what it is compared with)
+COMPARED = (("off", "before"), ("ratio0", "off"), ("ratio1", "off"))
+
+
+def values(stages: Sequence[Stage]) -> dict[str, Any]:
+    """The JSON's ``tracing``: per mode the pooled figures, the ratios of ``COMPARED`` pooled,
+    and the same ratios round by round (each round's runs against each other)."""
+    runs = [s for s in stages if s.key.startswith("tracing_") and "mode" in s.extra]
+    if not runs:
+        return {}
+    modes = {m: p for m, _ in MODES if (p := pooled(s for s in runs if s.extra["mode"] == m))}
+    ratios: dict[str, Any] = {}
+    for mode, base in COMPARED:
+        if mode not in modes or base not in modes:
+            continue
+        by_round = []
+        for r in sorted({s.extra["round"] for s in runs}):
+            a = pooled(s for s in runs if s.extra["mode"] == mode and s.extra["round"] == r)
+            b = pooled(s for s in runs if s.extra["mode"] == base and s.extra["round"] == r)
+            if a is not None and b is not None:
+                by_round.append(ratio(a, b))
+        ratios[f"{mode}/{base}"] = {"pooled": ratio(modes[mode], modes[base]),
+                                    "rounds": by_round}  # fmt: skip
+    return {"modes": modes, "ratios": ratios}
+
+
+def _spread(rounds: list[dict[str, float]], key: str) -> str:
+    if len(rounds) < 2:
+        return ""
+    low, high = min(r[key] for r in rounds), max(r[key] for r in rounds)
+    return f" [{low:.2f}-{high:.2f}]"
+
+
+def report(stages: Sequence[Stage]) -> str:
+    v = values(stages)
+    if not v:
+        return ""
+    heads = " ".join(f"{h:>8}" for _, h in GROUPS)
+    lines = [
+        "",
+        "tracing, end to end (every role in one process), the rounds of each mode pooled:",
+        f"  {'':<30} {'runs':>4} {'events':>7} {'per s':>7} {'p50 ms':>7} {'p99 ms':>7} | "
+        f"CPU s / 1,000: {heads} {'n+pg+mq':>8} | spans/event",
+    ]
+    for mode, what in MODES:
+        if (p := v["modes"].get(mode)) is None:
+            continue
+        cells = " ".join(f"{p['cpu_per_1000'].get(g, 0.0):8.3f}" for g, _ in GROUPS)
+        lat = " ".join(f"{x:7.0f}" if x is not None else f"{'':7}"
+                       for x in (p["p50_ms"], p["p99_ms"]))  # fmt: skip
+        lines.append(
+            f"  {what:<30} {p['runs']:>4} {p['events']:>7} {p['rate']:7.0f} {lat} | "
+            f"{'':15}{cells} {p['cpu_per_1000_with_services']:8.3f} | "
+            f"{p['spans_per_event']:.2f}"
+        )
+    lines += ["", "ratios, same run (pooled; [lowest-highest] of the rounds):"]
+    names = dict(MODES)
+    for key, r in v["ratios"].items():
+        mode, base = key.split("/")
+        p, rounds = r["pooled"], r["rounds"]
+        with_services = _spread(rounds, "cpu_per_item_with_services")
+        lines.append(
+            f"  {names[mode] + ' / ' + names[base]:<58} rate {p['rate']:5.3f}x"
+            f"{_spread(rounds, 'rate')}   notifier CPU per event {p['cpu_per_item']:5.3f}x"
+            f"{_spread(rounds, 'cpu_per_item')}   with pg+rabbitmq "
+            f"{p['cpu_per_item_with_services']:5.3f}x{with_services}"
+        )
+    if (on := v["modes"].get("ratio1")) and on["span_names_per_event"]:
+        parts = ", ".join(f"{name} {n:.2f}" for name, n in on["span_names_per_event"].items())
+        lines.append(f"  spans per event at sample_ratio 1.0: {parts}")
+    return "\n".join(lines)
