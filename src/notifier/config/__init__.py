@@ -3,7 +3,7 @@
 Unknown keys and wrong types are refused with the key's dotted path in the message. Database and
 broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
 the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``
-(the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``.
+(the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``, ``NOTIFIER_OTLP_ENDPOINT``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from notifier.config.service import (
     cpu_quota_cores,
     process_count,
 )
+from notifier.config.tracing import TracingConfig, otlp_endpoint_problem
 from notifier.config.webhook import (
     CLIENT_CERTIFICATE_NAME,
     ClientCertificateConfig,
@@ -97,6 +98,7 @@ __all__ = [
     "SentryConfig",
     "ServiceConfig",
     "TelegramWorkersConfig",
+    "TracingConfig",
     "WebhookWorkersConfig",
     "WorkerGroupConfig",
     "WorkersConfig",
@@ -107,6 +109,7 @@ __all__ = [
     "load_config",
     "metrics_token",
     "nameserver_address",
+    "otlp_endpoint_problem",
     "parse_config",
     "postgres_url_problem",
     "process_count",
@@ -119,6 +122,7 @@ ENV_OVERRIDES = {
     "NOTIFIER_DATABASE_LISTEN_URL": ("database", "listen_url"),
     "NOTIFIER_BROKER_URL": ("broker", "url"),
     "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
+    "NOTIFIER_OTLP_ENDPOINT": ("tracing", "otlp_endpoint"),
 }
 
 
@@ -146,6 +150,7 @@ class Config(Section, frozen=True):
     amqp_ingest: AmqpIngestConfig = msgspec.field(default_factory=AmqpIngestConfig)
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
+    tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
 
 
 def _friendly(exc: msgspec.ValidationError) -> str:
