@@ -100,14 +100,14 @@ class Counts:
     """What the sink received; ``as_dict`` is the ``GET /stats`` answer."""
 
     requests: int = 0
-    bytes: int = 0  # as received (compressed when it was)
+    size: int = 0  # bytes as received (compressed when it was)
     spans: int = 0
     names: Counter[str] = field(default_factory=Counter)
     refused: int = 0  # requests that were not a POST of protobuf to /v1/traces
 
     def add(self, body: bytes, encoding: str) -> None:
         self.requests += 1
-        self.bytes += len(body)
+        self.size += len(body)
         if encoding == "gzip":
             body = gzip.decompress(body)
         names = span_names(body)
@@ -115,7 +115,7 @@ class Counts:
         self.names.update(names)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "bytes": self.bytes, "spans": self.spans,
+        return {"requests": self.requests, "bytes": self.size, "spans": self.spans,
                 "names": dict(self.names), "refused": self.refused}  # fmt: skip
 
 

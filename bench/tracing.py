@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.otlp_sink import OtlpSink
 from bench.procs import wait_for
+from bench.report import line as report_line
 from bench.stage import Stage, percentile
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ MODES = (
 )
 EXPORT_INTERVAL_SECONDS = 1.0
 SETTLE_SECONDS = EXPORT_INTERVAL_SECONDS + 0.5
+WARMUP_SECONDS = 3.0
 ROLES = "ingest,relay,workers,maintenance"
 # CPU groups of the table (bench/harness.py), and their headings
 GROUPS = (
@@ -56,6 +58,8 @@ GROUPS = (
 )  # fmt: skip
 # notifier's CPU with what it makes Postgres and RabbitMQ do: the sum the ratios also give
 WITH_SERVICES = ("server", "pg_own", "rabbitmq")
+# the stage's own processes: the rest of what the machine ran is other load
+OURS = ("server", "pg_own", "pg_server", "rabbitmq", "sink", "wrk", "otlp_sink", "bench")
 
 
 def tracing_section(mode: str, endpoint: str) -> str:
@@ -98,11 +102,13 @@ def default_before() -> str | None:
 
 
 def checkout(rev: str, into: Path) -> tuple[Path, str]:
-    """``src`` of ``rev`` extracted under ``into`` (``git archive``): the directory to put on
-    PYTHONPATH, and the commit's short hash."""
+    """``src`` of ``rev`` extracted under ``into`` (``git archive``), with the migrations and
+    schema.sql its package links to: the directory to put on PYTHONPATH, and the commit's short
+    hash."""
     into.mkdir(parents=True)
     commit = _git("rev-parse", "--short", f"{rev}^{{commit}}")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src"], check=True,
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "src", "migrations",
+                              "schema.sql"], check=True,
                              capture_output=True, timeout=120).stdout  # fmt: skip
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=120)
     return into / "src", commit
@@ -134,13 +140,17 @@ def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None) -
             pythonpath = str(src)
             bench.say(f"tracing: 'before' runs the code of {commit} ({before})")
     bench.otlp = OtlpSink(bench.procs)
+    # a first run that is not counted: the first after the database and the vhost are made is
+    # slower (caches, plans, the queue's first segments), whatever its mode
+    run_one(bench, "ratio1", -1, min(seconds, WARMUP_SECONDS), None)
     for r, mode in order(modes, rounds):
         run_one(bench, mode, r, seconds, pythonpath if mode == "before" else None)
 
 
 def run_one(bench: Bench, mode: str, r: int, seconds: float, pythonpath: str | None) -> Stage:
     """One end-to-end run of a mode: notifier with every role, wrk unpaced for ``seconds``,
-    until every accepted event is delivered, then ``SETTLE_SECONDS``."""
+    until every accepted event is delivered, then ``SETTLE_SECONDS``. Round -1 is the warm-up:
+    printed, not kept."""
     s, sink, otlp = bench.scratch, bench.sink, bench.otlp
     assert sink is not None
     assert otlp is not None
@@ -165,8 +175,9 @@ def run_one(bench: Bench, mode: str, r: int, seconds: float, pythonpath: str | N
     bench.stop_subject()
     spans1 = otlp.stats()  # with what the shutdown flushed
     names = {k: v - spans0["names"].get(k, 0) for k, v in spans1["names"].items()}
-    return bench.done(Stage(
-        f"tracing_{mode}_{r}", f"{what} (round {r + 1})", "events", accepted, last.at - t0,
+    name = f"{what} (round {r + 1})" if r >= 0 else f"warm-up: {what}"
+    stage = Stage(
+        f"tracing_{mode}_{r}", name, "events", accepted, last.at - t0,
         p50_ms=percentile(lat, 50) if lat else None, p95_ms=percentile(lat, 95) if lat else None,
         p99_ms=percentile(lat, 99) if lat else None, cpu=cpu, window=window,
         extra={
@@ -178,7 +189,11 @@ def run_one(bench: Bench, mode: str, r: int, seconds: float, pythonpath: str | N
             "otlp_bytes": spans1["bytes"] - spans0["bytes"],
             "otlp_refused": spans1["refused"] - spans0["refused"],
         },
-    ))  # fmt: skip
+    )  # fmt: skip
+    if r < 0:
+        print(report_line(stage), flush=True)
+        return stage
+    return bench.done(stage)
 
 
 # -- the arithmetic and the report --
@@ -202,6 +217,12 @@ def pooled(stages: Iterable[Stage]) -> dict[str, Any] | None:
         for name, n in (s.extra.get("span_names") or {}).items():
             names[name] = names.get(name, 0) + int(n)
     per = {g: v / items * 1000 if items else 0.0 for g, v in cpu.items()}
+    windows = [s.window for s in runs if s.window is not None and s.window.seconds > 0]
+    wall = sum(w.seconds for w in windows)
+    other = sum(w.machine_cpu for w in windows) - sum(
+        s.cpu.get(g, 0.0) for s in runs if s.window is not None and s.window.seconds > 0
+        for g in OURS
+    )  # fmt: skip
     return {
         "runs": len(runs), "events": items, "seconds": secs,
         "rate": items / secs if secs > 0 else 0.0, "cpu": cpu, "cpu_per_1000": per,
@@ -209,6 +230,8 @@ def pooled(stages: Iterable[Stage]) -> dict[str, Any] | None:
         "spans": spans, "spans_per_event": spans / items if items else 0.0,
         "span_names_per_event": {k: v / items for k, v in sorted(names.items())} if items else {},
         "p50_ms": _mean(s.p50_ms for s in runs), "p99_ms": _mean(s.p99_ms for s in runs),
+        # cores the rest of the machine kept busy meanwhile (other users): the contention
+        "other_cores": max(0.0, other) / wall if wall > 0 else None,
     }  # fmt: skip
 
 
@@ -259,6 +282,10 @@ def values(stages: Sequence[Stage]) -> dict[str, Any]:
     return {"modes": modes, "ratios": ratios}
 
 
+def _cores(value: float | None) -> str:
+    return f"{value:.2f} cores" if value is not None else "?"
+
+
 def _spread(rounds: list[dict[str, float]], key: str) -> str:
     if len(rounds) < 2:
         return ""
@@ -275,7 +302,7 @@ def report(stages: Sequence[Stage]) -> str:
         "",
         "tracing, end to end (every role in one process), the rounds of each mode pooled:",
         f"  {'':<30} {'runs':>4} {'events':>7} {'per s':>7} {'p50 ms':>7} {'p99 ms':>7} | "
-        f"CPU s / 1,000: {heads} {'n+pg+mq':>8} | spans/event",
+        f"CPU s / 1,000: {heads} {'n+pg+mq':>8} | spans/event | other load",
     ]
     for mode, what in MODES:
         if (p := v["modes"].get(mode)) is None:
@@ -286,7 +313,7 @@ def report(stages: Sequence[Stage]) -> str:
         lines.append(
             f"  {what:<30} {p['runs']:>4} {p['events']:>7} {p['rate']:7.0f} {lat} | "
             f"{'':15}{cells} {p['cpu_per_1000_with_services']:8.3f} | "
-            f"{p['spans_per_event']:.2f}"
+            f"{p['spans_per_event']:11.2f} | {_cores(p['other_cores'])}"
         )
     lines += ["", "ratios, same run (pooled; [lowest-highest] of the rounds):"]
     names = dict(MODES)
