@@ -113,6 +113,9 @@ CREATE TABLE IF NOT EXISTS events (
 ALTER TABLE events ADD COLUMN IF NOT EXISTS payload_expunged_at timestamptz NULL;
 -- A tenant's events in time order: `notifier tenant expunge --before` walks them.
 CREATE INDEX IF NOT EXISTS events_tenant_created_idx ON events (tenant_id, created_at, id);
+-- The W3C traceparent the event was ingested under (the caller's, or the ingest span's when
+-- tracing is on); NULL: none (migrations/0010).
+ALTER TABLE events ADD COLUMN IF NOT EXISTS traceparent text NULL;
 
 -- An event's idempotency key, unique per tenant for as long as the event is kept: a unique index
 -- of a partitioned table must hold its partition key, so the keys have a table of their own,
@@ -175,6 +178,9 @@ CREATE TABLE IF NOT EXISTS delivery_attempts (
     delivery_created_at  timestamptz NOT NULL,   -- the delivery's created_at (its partition)
     PRIMARY KEY (id, delivery_created_at)
 ) PARTITION BY RANGE (delivery_created_at);
+-- The trace and span ids of the attempt's span; NULL: not traced (migrations/0010).
+ALTER TABLE delivery_attempts ADD COLUMN IF NOT EXISTS trace_id text NULL;
+ALTER TABLE delivery_attempts ADD COLUMN IF NOT EXISTS span_id text NULL;
 CREATE INDEX IF NOT EXISTS delivery_attempts_delivery_idx ON delivery_attempts (delivery_id, id);
 -- A delivery's latest replay, which the worker reads with every message (delivery_states):
 -- the replays alone, so a delivery never replayed costs one empty probe.
@@ -268,6 +274,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     last_error        text NULL
 );
 -- The claim's hot path: fresh rows in id order. Partial, so it holds only rows never refused.
+-- The event's traceparent, sent by the relay as the AMQP header `traceparent` (migrations/0010).
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS traceparent text NULL;
 CREATE INDEX IF NOT EXISTS outbox_fresh_idx ON outbox (id) WHERE publish_failures = 0;
 -- Rows the broker refused, by when they may be tried again.
 CREATE INDEX IF NOT EXISTS outbox_backoff_idx ON outbox (available_at) WHERE publish_failures > 0;

@@ -39,6 +39,13 @@ class TracingConfig(Section, frozen=True):
     def enabled(self) -> bool:
         return bool(self.otlp_endpoint)
 
+    def receiver(self) -> str:
+        """``scheme://host:port`` of the endpoint, to log (never its user part or path)."""
+        parts = urllib.parse.urlsplit(self.otlp_endpoint)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        return f"{parts.scheme}://{host}:{port}"
+
     def traces_url(self) -> str:
         """Where the spans are posted: the OTLP/HTTP traces path below ``otlp_endpoint``."""
         return self.otlp_endpoint.rstrip("/") + "/v1/traces"
