@@ -68,11 +68,11 @@ def main() -> int:
     parser.add_argument("--tracing", action="store_true",
                         help="only what tracing costs: end to end before tracing, with it off, "
                              "on at sample_ratio 0 and at 1.0 (an OTLP sink)")  # fmt: skip
-    parser.add_argument("--tracing-seconds", type=float, default=8.0, metavar="SECONDS",
-                        help="with --tracing: wrk duration per run (default 8)")  # fmt: skip
-    parser.add_argument("--tracing-rounds", type=int, default=2, metavar="N",
+    parser.add_argument("--tracing-seconds", type=float, default=6.0, metavar="SECONDS",
+                        help="with --tracing: wrk duration per run (default 6)")  # fmt: skip
+    parser.add_argument("--tracing-rounds", type=int, default=4, metavar="N",
                         help="with --tracing: runs of each mode, interleaved "
-                             "(default 2)")  # fmt: skip
+                             "(default 4)")  # fmt: skip
     parser.add_argument("--tracing-before", metavar="REV",
                         help="with --tracing: the code from before tracing (default: the "
                              "parent of the commit that added [tracing]; 'none': no such "
