@@ -35,6 +35,7 @@ from notifier.secrets import (
     SECRETS,
     SecretRegistry,
 )
+from notifier.tracing import current_span
 
 LEVEL_ENV = "NOTIFIER_LOG_LEVEL"
 NOISY_LOGGERS = ("httpx", "httpcore", "aiormq", "hypercorn.access")
@@ -48,8 +49,9 @@ _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctim
 # The extra fields notifier fills only from ids, numbers and its own names (the worker's line
 # per attempt has all seven): no secret can be in them, so the filter passes them as they are.
 PLAIN_FIELDS = frozenset(
-    {"delivery_id", "event_id", "channel_id", "tenant_id", "channel_type", "attempt", "outcome"}
-)
+    {"delivery_id", "event_id", "channel_id", "tenant_id", "channel_type", "attempt", "outcome",
+     "trace_id", "span_id"}
+)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
@@ -101,6 +103,19 @@ class SecretFilter(logging.Filter):
                 setattr(record, key, scrub(value))
             elif not isinstance(value, int | float | bool | None):
                 setattr(record, key, scrub(str(value)))
+        return True
+
+
+class TraceFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` to a record logged inside a span (or a trace context
+    carried along with tracing off: then ``trace_id`` alone), unless the call gave them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        span = current_span()
+        if span is not None and span.trace_id is not None and not hasattr(record, "trace_id"):
+            record.trace_id = span.trace_id
+            if span.span_id is not None:
+                record.span_id = span.span_id
         return True
 
 
@@ -204,6 +219,7 @@ def make_handler(
     stderr), with the secret filter on it."""
     handler = LogHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else ConsoleFormatter())
+    handler.addFilter(TraceFilter())
     handler.addFilter(SecretFilter(secrets))
     return handler
 

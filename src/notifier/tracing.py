@@ -78,27 +78,6 @@ def span_id_of(traceparent: str) -> str:
     return traceparent[36:52]
 
 
-_current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "notifier_traceparent", default=None
-)
-
-
-def current_traceparent() -> str | None:
-    """The traceparent of the span the running task is in (or the context it carries along
-    with tracing off); ``None`` outside any."""
-    return _current.get()
-
-
-@contextlib.contextmanager
-def in_context(traceparent: str | None) -> Iterator[None]:
-    """Make ``traceparent`` the running task's current context for the block."""
-    token = _current.set(traceparent)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
 class Kind(enum.Enum):
     SERVER = "server"
     PRODUCER = "producer"
@@ -126,6 +105,33 @@ class Span:
         """End the span (once; later calls do nothing), failed when ``error`` is given."""
 
 
+_current: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "notifier_span", default=None
+)
+
+
+def current_span() -> Span | None:
+    """The span the running task is in (with tracing off: the context it carries along)."""
+    return _current.get()
+
+
+def current_traceparent() -> str | None:
+    """The traceparent of the span the running task is in (or the context it carries along
+    with tracing off); ``None`` outside any."""
+    span = _current.get()
+    return None if span is None else span.traceparent
+
+
+@contextlib.contextmanager
+def in_span(span: Span | None) -> Iterator[None]:
+    """Make ``span`` the running task's current one for the block."""
+    token = _current.set(span)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
 class Tracing:
     """Tracing off: spans are not made; the given context is passed on unchanged."""
 
@@ -147,7 +153,7 @@ class Tracing:
         """``start`` for the block, the running task's current context meanwhile; ended
         when the block ends, failed when it raises."""
         span = self.start(name, parent, kind=kind, attributes=attributes, new_trace=new_trace)
-        token = _current.set(span.traceparent)
+        token = _current.set(span)
         try:
             yield span
         except BaseException as exc:
@@ -170,7 +176,7 @@ def setup_tracing(config: TracingConfig) -> Tracing:
     exported in batches to ``<otlp_endpoint>/v1/traces``."""
     if not config.enabled:
         return NO_TRACING
-    from notifier.tracing_otel import OtelTracing  # noqa: PLC0415 (only when tracing is on)
+    from notifier.tracing_otel import OtelTracing
 
     tracing = OtelTracing(config)
     log.info("tracing: spans are exported to %s", config.receiver())

@@ -9,6 +9,8 @@ log line, never a delivery."""
 
 from __future__ import annotations
 
+import threading
+
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -73,12 +75,12 @@ class OtelTracing(Tracing):
             sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
             shutdown_on_exit=False,  # shut down by the service, bounded
         )
-        exporter = OTLPSpanExporter(
+        self._exporter = OTLPSpanExporter(
             endpoint=config.traces_url(), timeout=config.export_timeout_seconds
         )
         self._provider.add_span_processor(
             BatchSpanProcessor(
-                exporter,
+                self._exporter,
                 schedule_delay_millis=config.export_interval_seconds * 1000,
                 export_timeout_millis=config.export_timeout_seconds * 1000,
             )
@@ -98,5 +100,15 @@ class OtelTracing(Tracing):
         return OtelSpan(span)
 
     def shutdown(self, timeout_seconds: float) -> None:
-        self._provider.force_flush(int(timeout_seconds * 1000))
+        # The spans waiting are sent. The SDK's flush takes no bound of its own (each send is
+        # bounded by export_timeout_seconds, retries included), so the exporter is stopped
+        # once the time is up, which ends a send that is retrying; a send under way ends
+        # within its own timeout.
+        cut = threading.Timer(timeout_seconds, self._exporter.shutdown)
+        cut.daemon = True
+        cut.start()
+        try:
+            self._provider.force_flush()
+        finally:
+            cut.cancel()
         self._provider.shutdown()

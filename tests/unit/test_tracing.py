@@ -4,13 +4,21 @@ parent links to a local OTLP/HTTP receiver."""
 
 from __future__ import annotations
 
+import io
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import trio
 
 from notifier.config import TracingConfig
+from notifier.logs import make_handler
 from notifier.testing.otlp import open_otlp_receiver
 from notifier.tracing import (
     NO_TRACING,
     Kind,
+    Span,
     current_traceparent,
     parse_traceparent,
     setup_tracing,
@@ -89,7 +97,8 @@ async def test_tracing_on_exports_spans_with_their_parents() -> None:
         with tracing.span("notifier.ingest", GOOD, kind=Kind.SERVER) as ingest:
             assert ingest.traceparent is not None
             assert ingest.trace_id == TRACE
-            assert ingest.span_id is not None and ingest.span_id != PARENT
+            assert ingest.span_id is not None
+            assert ingest.span_id != PARENT
             assert current_traceparent() == ingest.traceparent
         child = tracing.start("notifier.attempt", ingest.traceparent, kind=Kind.CLIENT)
         child.set("notifier.attempt", 2)
@@ -97,7 +106,8 @@ async def test_tracing_on_exports_spans_with_their_parents() -> None:
         child.end(RuntimeError("receiver said no"))
         with tracing.span("notifier.ingest", None) as root:
             pass
-        assert root.trace_id is not None and root.trace_id != TRACE
+        assert root.trace_id is not None
+        assert root.trace_id != TRACE
         with trio.fail_after(10):
             spans = await receiver.wait_for(lambda spans: len(spans) >= 3)
             await trio.to_thread.run_sync(tracing.shutdown, 5.0)
@@ -111,7 +121,8 @@ async def test_tracing_on_exports_spans_with_their_parents() -> None:
     assert second.attributes == {"notifier.attempt": 2}
     assert second.status == "error"
     third = by_id[root.span_id]  # type: ignore[index]
-    assert third.parent_span_id is None and third.trace_id == root.trace_id
+    assert third.parent_span_id is None
+    assert third.trace_id == root.trace_id
 
 
 def test_a_sampled_out_trace_records_no_span_but_passes_its_context() -> None:
@@ -127,3 +138,42 @@ def test_a_sampled_out_trace_records_no_span_but_passes_its_context() -> None:
             assert span.span_id is not None
     finally:
         tracing.shutdown(0.1)
+
+
+def _json_lines(emit: Callable[[logging.Logger], None]) -> list[dict[str, Any]]:
+    stream = io.StringIO()
+    handler = make_handler("json", stream)
+    logger = logging.getLogger("notifier.test_tracing")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        emit(logger)
+    finally:
+        logger.removeHandler(handler)
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_inside_a_span_carry_its_ids() -> None:
+    tracing = setup_tracing(TracingConfig(otlp_endpoint="http://127.0.0.1:9"))
+    try:
+
+        def emit(logger: logging.Logger) -> None:
+            logger.info("outside")
+            with tracing.span("notifier.attempt", GOOD) as span:
+                logger.info("inside")
+                spans.append(span)
+            with NO_TRACING.span("notifier.attempt", GOOD):
+                logger.info("carried")
+
+        spans: list[Span] = []
+        outside, inside, carried = _json_lines(emit)
+    finally:
+        tracing.shutdown(0.1)
+    assert "trace_id" not in outside
+    assert "span_id" not in outside
+    assert inside["trace_id"] == TRACE
+    assert inside["span_id"] == spans[0].span_id
+    # tracing off: the trace the event came with, and no span of notifier's own
+    assert carried["trace_id"] == TRACE
+    assert "span_id" not in carried
