@@ -70,9 +70,13 @@ def main() -> int:
                              "on at sample_ratio 0 and at 1.0 (an OTLP sink)")  # fmt: skip
     parser.add_argument("--tracing-seconds", type=float, default=6.0, metavar="SECONDS",
                         help="with --tracing: wrk duration per run (default 6)")  # fmt: skip
-    parser.add_argument("--tracing-rounds", type=int, default=4, metavar="N",
+    parser.add_argument("--tracing-rounds", type=int, default=3, metavar="N",
                         help="with --tracing: runs of each mode, interleaved "
-                             "(default 4)")  # fmt: skip
+                             "(default 3)")  # fmt: skip
+    parser.add_argument("--tracing-paced", type=float, default=tracing.PACED_RATE,
+                        metavar="EVENTS_PER_S",
+                        help="with --tracing: each run's paced part, events/s asked "
+                             f"(default {tracing.PACED_RATE:.0f}; 0: none)")  # fmt: skip
     parser.add_argument("--tracing-before", metavar="REV",
                         help="with --tracing: the code from before tracing (default: the "
                              "parent of the commit that added [tracing]; 'none': no such "
@@ -81,8 +85,10 @@ def main() -> int:
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
-    if args.tracing and (args.tracing_rounds < 1 or args.tracing_seconds < 1):
-        parser.error("--tracing needs a round and a second of load at least")
+    if args.tracing and (args.tracing_rounds < 1 or args.tracing_seconds < 1
+                         or args.tracing_paced < 0):  # fmt: skip
+        parser.error("--tracing needs a round and a second of load at least, and a pace of 0 "
+                     "events/s or more")  # fmt: skip
     if args.history:
         if args.history_days < 2 or args.history_rows < args.history_days:
             parser.error("--history needs 2 days or more and a delivery a day at least")

@@ -317,7 +317,8 @@ class Bench(Harness):
             before = a.tracing_before or tracing.default_before()
             tracing.run_tracing(self, 3.0 if quick else a.tracing_seconds,
                                 1 if quick else a.tracing_rounds,
-                                None if before == "none" else before)  # fmt: skip
+                                None if before == "none" else before,
+                                a.tracing_paced)  # fmt: skip
             return
         if a.history:
             self.history_stages(secs, backlog, a.history_rows, a.history_days,

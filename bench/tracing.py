@@ -11,6 +11,11 @@ delivered as a signed webhook into nginx) is run, in one invocation, in these mo
 - ``ratio1``: the same with ``sample_ratio = 1.0``: every trace recorded and exported to the
   OTLP sink (bench/otlp_sink.py), a process of its own that counts the spans it receives.
 
+Each run is two stages on the same process: wrk unpaced (the rate: what one process sustains),
+then wrk paced at ``--tracing-paced`` events/s (``PACED_RATE``), a pace every mode keeps up with
+on a busy machine, so that CPU per event compares the same work done at the same pace (unpaced,
+a slower run also batches differently).
+
 The modes run in rounds, in order in the even rounds and in reverse in the odd ones (ABCD DCBA),
 so that a drift of the shared machine weighs on each mode alike. Per mode, the rounds are pooled:
 events over seconds for the rate, CPU seconds over events for the CPU per 1,000; the ratios are
@@ -50,6 +55,9 @@ MODES = (
 EXPORT_INTERVAL_SECONDS = 1.0
 SETTLE_SECONDS = EXPORT_INTERVAL_SECONDS + 0.5
 WARMUP_SECONDS = 3.0
+# the paced workload's rate (events/s asked): below what one process sustains on a busy
+# two-core machine, so that every mode does the same work at the same pace
+PACED_RATE = 150.0
 ROLES = "ingest,relay,workers,maintenance"
 # CPU groups of the table (bench/harness.py), and their headings
 GROUPS = (
@@ -121,9 +129,11 @@ def migrations(src: Path) -> list[str]:
 # -- the runs --
 
 
-def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None) -> None:
-    """Every mode ``rounds`` times (``order``), each a stage of its own (key
-    ``tracing_MODE_ROUND``)."""
+def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None,
+                paced: float = PACED_RATE) -> None:  # fmt: skip
+    """Every mode ``rounds`` times (``order``): each run unpaced (a stage keyed
+    ``tracing_MODE_ROUND``), then paced at ``paced`` events/s (``tracing_paced_MODE_ROUND``;
+    none when it is 0)."""
     modes = [m for m, _ in MODES]
     pythonpath: str | None = None
     if before is None:
@@ -139,9 +149,9 @@ def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None) -
             )
             modes.remove("before")
         else:
-            pythonpath = str(src)
             # the scratch database has this checkout's schema: newer migrations only add, and
             # notifier runs on a schema ahead of its own (with a warning), as in a rolling update
+            pythonpath = str(src)
             bench.say(
                 f"tracing: 'before' runs the code of {commit} ({before}), on this checkout's "
                 f"schema ({len(theirs)} of its migrations known to it)"
@@ -149,58 +159,80 @@ def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None) -
     bench.otlp = OtlpSink(bench.procs)
     # a first run that is not counted: the first after the database and the vhost are made is
     # slower (caches, plans, the queue's first segments), whatever its mode
-    run_one(bench, "ratio1", -1, min(seconds, WARMUP_SECONDS), None)
+    run_one(bench, "ratio1", -1, min(seconds, WARMUP_SECONDS), 0.0, None)
     for r, mode in order(modes, rounds):
-        run_one(bench, mode, r, seconds, pythonpath if mode == "before" else None)
+        run_one(bench, mode, r, seconds, paced, pythonpath if mode == "before" else None)
 
 
-def run_one(bench: Bench, mode: str, r: int, seconds: float, pythonpath: str | None) -> Stage:
-    """One end-to-end run of a mode: notifier with every role, wrk unpaced for ``seconds``,
-    until every accepted event is delivered, then ``SETTLE_SECONDS``. Round -1 is the warm-up:
-    printed, not kept."""
+def run_one(bench: Bench, mode: str, r: int, seconds: float, paced: float,
+            pythonpath: str | None) -> None:  # fmt: skip
+    """One run of a mode: notifier with every role; wrk unpaced for ``seconds``, then (unless
+    ``paced`` is 0) paced at ``paced`` events/s for as long; each until every accepted event is
+    delivered and then ``SETTLE_SECONDS``. Round -1 is the warm-up: printed, not kept."""
+    assert bench.otlp is not None
+    bench.start_notifier(ROLES, tag=mode, config_extra=tracing_section(mode, bench.otlp.endpoint),
+                         pythonpath=pythonpath)  # fmt: skip
+    stages = [segment(bench, mode, r, seconds, 0.0)]
+    if paced > 0:
+        stages.append(segment(bench, mode, r, seconds, paced))
+    before = bench.otlp.stats()
+    bench.stop_subject()
+    # what the shutdown flushed: the last segment's spans
+    after, last = bench.otlp.stats(), stages[-1].extra
+    last["spans"] += after["spans"] - before["spans"]
+    for name, n in after["names"].items():
+        if n > (was := before["names"].get(name, 0)):
+            last["span_names"][name] = last["span_names"].get(name, 0) + n - was
+    for stage in stages:
+        if r < 0:
+            print(report_line(stage), flush=True)
+        else:
+            bench.done(stage)
+
+
+def segment(bench: Bench, mode: str, r: int, seconds: float, rate: float) -> Stage:
+    """wrk for ``seconds`` (unpaced, or paced at ``rate`` events/s), until every accepted event
+    is delivered, then ``SETTLE_SECONDS``: a stage."""
     s, sink, otlp = bench.scratch, bench.sink, bench.otlp
     assert sink is not None
     assert otlp is not None
-    what = dict(MODES)[mode]
-    event_type = f"bench.tracing.{mode}.{r}"
-    bench.start_notifier(ROLES, tag=mode, config_extra=tracing_section(mode, otlp.endpoint),
-                         pythonpath=pythonpath)  # fmt: skip
+    workload = "paced" if rate > 0 else "unpaced"
+    what = dict(MODES)[mode] + (f", paced at {rate:.0f}/s" if rate > 0 else "")
+    event_type = f"bench.tracing.{workload}.{mode}.{r}"
+    connections = 16  # wrk waits delay() after each answer: 16 connections, little drift
     base = sink.count()
     spans0 = otlp.stats()
     stop = bench.measure()
     t0 = time.time()
     res = bench.run_wrk(f"http://127.0.0.1:{bench.port}", path="/v1/events", batch=1,
-                        event_type=event_type, seconds=seconds, connections=16)  # fmt: skip
+                        event_type=event_type, seconds=seconds, connections=connections,
+                        delay_ms=connections * 1000 / rate if rate > 0 else 0.0)  # fmt: skip
     accepted = int(s.value("SELECT count(*) FROM events WHERE type = $1", event_type))
     wait_for(lambda: sink.count() - base >= accepted, max(120.0, accepted / 20),
              f"{what}: the deliveries")  # fmt: skip
     last = sink.arrivals(base + accepted - 1, base + accepted)[0]
     time.sleep(SETTLE_SECONDS)  # the last spans' export, inside the window in every mode
     cpu, window = stop()
-    spans_window = otlp.stats()["spans"] - spans0["spans"]
+    spans1 = otlp.stats()
     lat = bench.latencies(event_type, base, accepted)
-    bench.stop_subject()
-    spans1 = otlp.stats()  # with what the shutdown flushed
     names = {k: v - spans0["names"].get(k, 0) for k, v in spans1["names"].items()}
-    name = f"{what} (round {r + 1})" if r >= 0 else f"warm-up: {what}"
-    stage = Stage(
-        f"tracing_{mode}_{r}", name, "events", accepted, last.at - t0,
-        p50_ms=percentile(lat, 50) if lat else None, p95_ms=percentile(lat, 95) if lat else None,
-        p99_ms=percentile(lat, 99) if lat else None, cpu=cpu, window=window,
+    return Stage(
+        f"tracing_{'paced_' if rate > 0 else ''}{mode}_{r}",
+        f"{what} (round {r + 1})" if r >= 0 else f"warm-up: {what}", "events", accepted,
+        last.at - t0, p50_ms=percentile(lat, 50) if lat else None,
+        p95_ms=percentile(lat, 95) if lat else None, p99_ms=percentile(lat, 99) if lat else None,
+        cpu=cpu, window=window,
         extra={
-            "server": "notifier, all roles", "mode": mode, "round": r,
-            "accepted_per_s": res.requests / res.seconds, "ingest_p99_ms": res.p99_ms,
-            "wrk_errors": res.errors, "spans": spans1["spans"] - spans0["spans"],
-            "spans_in_window": spans_window, "span_names": {k: v for k, v in names.items() if v},
+            "server": "notifier, all roles", "mode": mode, "round": r, "workload": workload,
+            "target_per_s": rate or None, "accepted_per_s": res.requests / res.seconds,
+            "ingest_p99_ms": res.p99_ms, "wrk_errors": res.errors,
+            "spans": spans1["spans"] - spans0["spans"],
+            "span_names": {k: v for k, v in names.items() if v},
             "otlp_requests": spans1["requests"] - spans0["requests"],
             "otlp_bytes": spans1["bytes"] - spans0["bytes"],
             "otlp_refused": spans1["refused"] - spans0["refused"],
         },
     )  # fmt: skip
-    if r < 0:
-        print(report_line(stage), flush=True)
-        return stage
-    return bench.done(stage)
 
 
 # -- the arithmetic and the report --
@@ -267,12 +299,19 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
 COMPARED = (("off", "before"), ("ratio0", "off"), ("ratio1", "off"))
 
 
+WORKLOADS = ("unpaced", "paced")
+
+
 def values(stages: Sequence[Stage]) -> dict[str, Any]:
-    """The JSON's ``tracing``: per mode the pooled figures, the ratios of ``COMPARED`` pooled,
-    and the same ratios round by round (each round's runs against each other)."""
+    """The JSON's ``tracing``: per workload (``WORKLOADS``) that has runs, ``_values`` of them."""
     runs = [s for s in stages if s.key.startswith("tracing_") and "mode" in s.extra]
-    if not runs:
-        return {}
+    by = {w: [s for s in runs if s.extra.get("workload", "unpaced") == w] for w in WORKLOADS}
+    return {w: _values(found) for w, found in by.items() if found}
+
+
+def _values(runs: Sequence[Stage]) -> dict[str, Any]:
+    """Per mode the pooled figures, the ratios of ``COMPARED`` pooled, and the same ratios
+    round by round (each round's runs against each other)."""
     modes = {m: p for m, _ in MODES if (p := pooled(s for s in runs if s.extra["mode"] == m))}
     ratios: dict[str, Any] = {}
     for mode, base in COMPARED:
@@ -301,13 +340,21 @@ def _spread(rounds: list[dict[str, float]], key: str) -> str:
 
 
 def report(stages: Sequence[Stage]) -> str:
-    v = values(stages)
-    if not v:
-        return ""
+    out = []
+    for workload, v in values(stages).items():
+        rate = next((s.extra.get("target_per_s") for s in stages
+                     if s.extra.get("workload") == workload), None)  # fmt: skip
+        how = f"paced at {rate:.0f} events/s" if workload == "paced" and rate else "unpaced"
+        out.append(_report(v, how))
+    return "\n".join(out)
+
+
+def _report(v: dict[str, Any], how: str) -> str:
     heads = " ".join(f"{h:>8}" for _, h in GROUPS)
     lines = [
         "",
-        "tracing, end to end (every role in one process), the rounds of each mode pooled:",
+        f"tracing, end to end (every role in one process), wrk {how}; the rounds of each mode "
+        "pooled:",
         f"  {'':<30} {'runs':>4} {'events':>7} {'per s':>7} {'p50 ms':>7} {'p99 ms':>7} | "
         f"CPU s / 1,000: {heads} {'n+pg+mq':>8} | spans/event | other load",
     ]
@@ -322,7 +369,7 @@ def report(stages: Sequence[Stage]) -> str:
             f"{'':15}{cells} {p['cpu_per_1000_with_services']:8.3f} | "
             f"{p['spans_per_event']:11.2f} | {_cores(p['other_cores'])}"
         )
-    lines += ["", "ratios, same run (pooled; [lowest-highest] of the rounds):"]
+    lines += ["", f"ratios, {how}, same run (pooled; [lowest-highest] of the rounds):"]
     names = dict(MODES)
     for key, r in v["ratios"].items():
         mode, base = key.split("/")

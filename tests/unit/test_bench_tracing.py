@@ -125,13 +125,15 @@ def test_a_body_that_is_not_protobuf_is_refused(body: bytes) -> None:
 # -- the report's arithmetic --
 
 
-def _run(mode: str, r: int, events: int, seconds: float, server: float, spans: int = 0) -> Stage:
+def _run(mode: str, r: int, events: int, seconds: float, server: float, spans: int = 0,
+         workload: str = "unpaced") -> Stage:  # fmt: skip
     return Stage(
         f"tracing_{mode}_{r}", f"{mode} {r}", "events", events, seconds,
         cpu={"server": server, "pg_own": 1.0, "rabbitmq": 0.5, "sink": 0.1, "wrk": 0.1,
              "otlp_sink": 0.2 if spans else 0.0, "pg_server": 0.0, "bench": 0.1},
         window=Window(seconds + 1.5, machine_cpu=(seconds + 1.5) * 2, cores=2),
-        extra={"mode": mode, "round": r, "spans": spans,
+        extra={"mode": mode, "round": r, "spans": spans, "workload": workload,
+               "target_per_s": 150.0 if workload == "paced" else None,
                "span_names": {"a": spans // 2, "b": spans - spans // 2}},
     )  # fmt: skip
 
@@ -153,7 +155,7 @@ def test_the_ratios_are_pooled_and_round_by_round() -> None:
         _run("ratio1", 1, 1100, 2.0, 2.6, spans=5500), _run("off", 1, 1000, 2.0, 2.0),
         _run("ratio0", 0, 1000, 2.0, 2.0), _run("ratio0", 1, 1000, 2.0, 2.0),
     ]  # fmt: skip
-    v = values(stages)
+    v = values(stages)["unpaced"]
     assert "before" not in v["modes"]
     assert "off/before" not in v["ratios"]
     on = v["ratios"]["ratio1/off"]
@@ -163,10 +165,26 @@ def test_the_ratios_are_pooled_and_round_by_round() -> None:
     assert v["ratios"]["ratio0/off"]["pooled"]["cpu_per_item"] == pytest.approx(1.0)
     assert v["modes"]["ratio1"]["spans_per_event"] == pytest.approx(5.0)
     assert v["modes"]["ratio1"]["span_names_per_event"] == {"a": 2.5, "b": 2.5}
+    assert set(values(stages)) == {"unpaced"}
     text = report(stages)
     assert "tracing on, sample_ratio 1.0 / tracing off" in text
     assert "rate 1.000x [0.90-1.10]" in text
     assert "spans per event at sample_ratio 1.0: a 2.50, b 2.50" in text
+
+
+def test_the_paced_runs_are_compared_apart_from_the_unpaced() -> None:
+    stages = [
+        _run("off", 0, 1000, 2.0, 2.0), _run("ratio1", 0, 1000, 2.0, 3.0),
+        _run("off", 0, 300, 2.0, 1.0, workload="paced"),
+        _run("ratio1", 0, 300, 2.0, 1.1, workload="paced"),
+    ]  # fmt: skip
+    v = values(stages)
+    assert v["unpaced"]["ratios"]["ratio1/off"]["pooled"]["cpu_per_item"] == pytest.approx(1.5)
+    assert v["paced"]["ratios"]["ratio1/off"]["pooled"]["cpu_per_item"] == pytest.approx(1.1)
+    assert v["paced"]["modes"]["off"]["rate"] == pytest.approx(150.0)
+    text = report(stages)
+    assert "wrk unpaced" in text
+    assert "wrk paced at 150 events/s" in text
 
 
 def test_a_ratio_over_nothing_is_zero_not_an_error() -> None:
