@@ -33,6 +33,7 @@ from notifier.metrics import Metrics, run_process_metrics
 from notifier.observability import Reporter, SentryReporter
 from notifier.relay.relay import relay_loop
 from notifier.store import Store, open_store
+from notifier.tracing import NO_TRACING, Tracing, open_tracing
 from notifier.worker.group import run_worker_group
 
 log = logging.getLogger("notifier.service")
@@ -46,6 +47,7 @@ async def run_relay(
     stop: Stop,
     *,
     metrics: Metrics | None = None,
+    tracing: Tracing = NO_TRACING,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. The relay on an AMQP connection of its own (docs/architecture.md §4)."""
@@ -60,7 +62,7 @@ async def run_relay(
             await relay_loop(
                 store, publisher, stop, batch_size=config.relay.batch_size,
                 poll_interval_seconds=config.relay.poll_interval_seconds, metrics=metrics,
-                task_status=task_status,
+                tracing=tracing, task_status=task_status,
             )  # fmt: skip
 
 
@@ -106,7 +108,8 @@ async def run(
     grace = config.service.shutdown_grace_seconds
     db = config.database
     metrics = Metrics()  # this process's; /metrics serves it where ingest runs
-    async with open_store(
+    # Spans only with [tracing] otlp_endpoint set; the last of them sent at the end (bounded).
+    async with open_tracing(config.tracing) as tracing, open_store(
         db.url, max_size=db.pool_max_size, connect_timeout_seconds=db.connect_timeout_seconds,
         acquire_timeout_seconds=db.acquire_timeout_seconds,
         statement_timeout_seconds=db.statement_timeout_seconds, pooler=db.pooler,
@@ -129,7 +132,7 @@ async def run(
                         check_broker=functools.partial(amqp.probe, config.broker.url),
                         metrics=metrics,
                         read_queue_depths=functools.partial(amqp.queue_depths, config.broker.url),
-                        tenant_caches=caches, environ=environ,
+                        tenant_caches=caches, environ=environ, tracing=tracing,
                     )  # fmt: skip
                     # Bound once (a port taken fails the start), kept while the server restarts.
                     listeners = owned.enter_context(open_listeners(config.ingest.bind))
@@ -166,13 +169,16 @@ async def run(
                         )  # fmt: skip
                         await services.start(supervised, "amqp_ingest", amqp_ingest, stop)
                 if "relay" in roles:
-                    relay = functools.partial(run_relay, config, store, stop, metrics=metrics)
+                    relay = functools.partial(
+                        run_relay, config, store, stop, metrics=metrics, tracing=tracing
+                    )
                     await services.start(supervised, "relay", relay, stop)
                 if "workers" in roles:
                     for channel_type, workers in config.workers.enabled().items():
                         group = functools.partial(
                             run_worker_group, channel_type, config, workers, store,
                             adapters[channel_type], stop, reporter=reporter, metrics=metrics,
+                            tracing=tracing,
                         )  # fmt: skip
                         await services.start(supervised, f"workers.{channel_type}", group, stop)
                 if "maintenance" in roles:

@@ -22,8 +22,10 @@ import contextlib
 import contextvars
 import enum
 import logging
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import trio
 
 if TYPE_CHECKING:
     from notifier.config import TracingConfig
@@ -36,6 +38,8 @@ _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 Attributes = Mapping[str, str | int | float | bool]
+# At the end of a stop, the spans not sent yet are sent within this long.
+FLUSH_ON_STOP_SECONDS = 5.0
 
 
 def parse_traceparent(value: object) -> str | None:
@@ -183,6 +187,17 @@ def setup_tracing(config: TracingConfig) -> Tracing:
     return tracing
 
 
-def span_attributes(**attributes: Any) -> dict[str, str | int | float | bool]:
-    """The attributes given, without the ``None`` ones."""
-    return {k: v for k, v in attributes.items() if v is not None}
+@contextlib.asynccontextmanager
+async def open_tracing(config: TracingConfig) -> AsyncIterator[Tracing]:
+    """Trio-flavoured. ``setup_tracing`` for the block; when it ends (even cut short), the
+    spans not sent yet are sent and the exporter stopped within ``FLUSH_ON_STOP_SECONDS``: a
+    receiver that is down costs the stop no more."""
+    tracing = setup_tracing(config)
+    try:
+        yield tracing
+    finally:
+        if tracing.enabled:
+            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_ON_STOP_SECONDS + 1):
+                await trio.to_thread.run_sync(
+                    tracing.shutdown, FLUSH_ON_STOP_SECONDS, abandon_on_cancel=True
+                )

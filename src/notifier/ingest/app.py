@@ -35,6 +35,7 @@ from notifier.metrics import Metrics
 from notifier.metrics_scrape import ReadQueueDepths, ScrapeReader, broker_queues
 from notifier.store.api import ApiStore
 from notifier.store.rows import MetricsSnapshot
+from notifier.tracing import NO_TRACING, Tracing
 
 ROUTE_GROUPS = (health, docs, channels, events, deliveries, operations)
 
@@ -54,6 +55,7 @@ def create_app(
     read_queue_depths: ReadQueueDepths | None = None,
     tenant_caches: TenantCaches | None = None,
     environ: Mapping[str, str] | None = None,
+    tracing: Tracing = NO_TRACING,
 ) -> QuartTrio:
     """Build the app. ``validators`` check channel configs, by channel type (the enabled types:
     ``specs.build_validators``). ``check_broker`` raises when RabbitMQ is unreachable (for
@@ -62,7 +64,8 @@ def create_app(
     cache of tenants by API key is one of ``tenant_caches`` (the process's, which
     ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
     own: its entries then live their TTL). ``environ`` holds the variable that
-    ``ingest.metrics_token_env`` names (default: this process's environment)."""
+    ``ingest.metrics_token_env`` names (default: this process's environment). ``tracing``
+    makes the ingest spans (README, Tracing; off by default)."""
     app = QuartTrio("notifier")
     app.config["MAX_CONTENT_LENGTH"] = config.ingest.max_body_bytes
     meters = metrics if metrics is not None else Metrics()
@@ -91,6 +94,7 @@ def create_app(
             max_batch_events=config.ingest.max_batch_events, max_page=MAX_PAGE,
             default_page=DEFAULT_PAGE,
         )),
+        tracing=tracing,
     ))  # fmt: skip
     install_error_handlers(app)
     for group in ROUTE_GROUPS:

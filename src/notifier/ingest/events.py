@@ -43,15 +43,19 @@ def new_ids(count: int) -> list[uuid.UUID]:
     return [uuid.UUID(bytes=data[i : i + 16], version=4) for i in range(0, 16 * count, 16)]
 
 
-def new_event(e: EventIn, key: str | None, event_id: uuid.UUID | None = None) -> NewEvent:
-    """The event to store, with ``event_id`` (by default a fresh one), its payload as JSON and
-    ``key`` as idempotency key. The payload's keys are sorted, as in the request hash: ``jsonb``
-    keeps no key order."""
+def new_event(
+    e: EventIn, key: str | None, event_id: uuid.UUID | None = None,
+    traceparent: str | None = None,
+) -> NewEvent:  # fmt: skip
+    """The event to store, with ``event_id`` (by default a fresh one), its payload as JSON,
+    ``key`` as idempotency key and the trace context it was ingested under. The payload's keys
+    are sorted, as in the request hash: ``jsonb`` keeps no key order."""
     payload = msgspec.json.encode(e.payload, order="sorted")
     return NewEvent(
         id=event_id or uuid.uuid4(), type=e.type, recipient=e.recipient,
         payload=msgspec.Raw(payload), idempotency_key=key,
         request_hash=request_hash(e, payload), channel_ids=e.channel_ids,
+        traceparent=traceparent,
     )  # fmt: skip
 
 

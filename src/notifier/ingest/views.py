@@ -17,6 +17,8 @@ ATTEMPT_OUTCOMES = ("delivered", "retry", "rate_limited", "deferred", "dead", "p
 Timestamp = Annotated[datetime, msgspec.Meta(extra_json_schema={"format": "date-time"})]
 DeliveryStatus = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(DELIVERY_STATUSES)})]
 Outcome = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ATTEMPT_OUTCOMES)})]
+TraceId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+SpanId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
 
 
 class _View(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -114,7 +116,10 @@ class AttemptView(_View):
     enqueued the finished delivery again; it has no error). Entries are numbered in order, and
     the numbers keep increasing across replays. `response_excerpt`: the start of the receiver's
     answer to a delivered attempt (at most 2048 bytes of UTF-8), null when it kept none; a failed
-    attempt's answer is summed up in `error`."""
+    attempt's answer is summed up in `error`. `trace_id` and `span_id`: the attempt's span in
+    the W3C trace context the event came with (its `traceparent` header) or the one notifier
+    started; `span_id` is null when notifier recorded no span of its own (tracing off), both
+    are null when the attempt was not traced."""
 
     attempt: int
     outcome: Outcome
@@ -123,6 +128,8 @@ class AttemptView(_View):
     error: str | None
     response_excerpt: str | None
     started_at: Timestamp
+    trace_id: TraceId | None = None
+    span_id: SpanId | None = None
 
 
 class DeliveryView(_View):

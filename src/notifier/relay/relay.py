@@ -24,6 +24,8 @@ from notifier.lifecycle import Stop
 from notifier.metrics import Metrics
 from notifier.relay.doorbell import DoorbellStore, keep_listening
 from notifier.store.rows import OutboxRow
+from notifier.tracing import HEADER as TRACE_HEADER
+from notifier.tracing import NO_TRACING, Kind, Tracing
 
 log = logging.getLogger("notifier.relay")
 
@@ -43,17 +45,54 @@ class OutboxStore(DoorbellStore, Protocol):
     def claim_outbox(self, limit: int) -> AbstractAsyncContextManager[Claim]: ...
 
 
+def _outgoing(row: OutboxRow, traceparent: str | None) -> Outgoing:
+    headers = None if traceparent is None else {TRACE_HEADER: traceparent}
+    return Outgoing(EXCHANGE, row.routing_key, row.body, str(row.delivery_id), headers)
+
+
+async def _publish(
+    publisher: Publisher, batch: Sequence[OutboxRow], tracing: Tracing
+) -> list[Confirm]:
+    """Publish the rows, each with its event's trace context as the header ``traceparent``;
+    with tracing on, a span per row that has one (a child of its ingest span), ended (failed,
+    when the publish raises) once the broker has answered."""
+    if not tracing.enabled:
+        return await publisher.publish_batch([_outgoing(r, r.traceparent) for r in batch])
+    spans = [
+        tracing.start(
+            "notifier.publish", r.traceparent, kind=Kind.PRODUCER, new_trace=False,
+            attributes={"messaging.system": "rabbitmq", "messaging.destination.name": EXCHANGE,
+                        "messaging.rabbitmq.destination.routing_key": r.routing_key,
+                        "notifier.delivery_id": str(r.delivery_id)},
+        )
+        for r in batch
+    ]  # fmt: skip
+    error: BaseException | None = None
+    try:
+        results = await publisher.publish_batch(
+            [_outgoing(r, s.traceparent) for r, s in zip(batch, spans, strict=True)]
+        )
+        for span, confirm in zip(spans, results, strict=True):
+            span.set("notifier.confirm", confirm.value)
+        return results
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        for span in spans:
+            span.end(error)
+
+
 async def relay_once(
-    store: OutboxStore, publisher: Publisher, batch_size: int, metrics: Metrics | None = None
-) -> int:
+    store: OutboxStore, publisher: Publisher, batch_size: int, metrics: Metrics | None = None,
+    tracing: Tracing = NO_TRACING,
+) -> int:  # fmt: skip
     """Trio-flavoured. Relay one batch; return how many rows were claimed."""
     async with store.claim_outbox(batch_size) as claim:
         if not claim.rows:
             return 0
         batch = claim.rows
-        results = await publisher.publish_batch(
-            [Outgoing(EXCHANGE, r.routing_key, r.body, str(r.delivery_id)) for r in batch]
-        )
+        results = await _publish(publisher, batch, tracing)
         confirmed_at = datetime.now(UTC)
         confirmed = [r for r, c in zip(batch, results, strict=True) if c is Confirm.CONFIRMED]
         sent = [r.id for r in confirmed]
@@ -91,6 +130,7 @@ async def relay_loop(
     batch_size: int,
     poll_interval_seconds: float,
     metrics: Metrics | None = None,
+    tracing: Tracing = NO_TRACING,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first.
@@ -106,7 +146,7 @@ async def relay_loop(
         task_status.started()
         try:
             await _relay_until_stopped(
-                store, publisher, stop, hint, batch_size, poll_interval_seconds, metrics
+                store, publisher, stop, hint, batch_size, poll_interval_seconds, metrics, tracing
             )
         except Exception as exc:  # raised below, as itself rather than in an ExceptionGroup
             failure = exc
@@ -123,13 +163,14 @@ async def _relay_until_stopped(
     batch_size: int,
     poll_interval_seconds: float,
     metrics: Metrics | None,
+    tracing: Tracing,
 ) -> None:
     while not stop.is_set():
         await _wait_publishable(publisher, stop)
         if stop.is_set():
             break
         hint.clear()
-        if await relay_once(store, publisher, batch_size, metrics) >= batch_size:
+        if await relay_once(store, publisher, batch_size, metrics, tracing) >= batch_size:
             continue  # probably more waiting: no need to wait for the bell
         with stop.intake(), trio.move_on_after(poll_interval_seconds):
             await hint.wait()

@@ -76,6 +76,7 @@ class AttemptQueries(Queries):
                 for r in recs
             ), strict=True)),
             float(disable_after), *span,
+            [r.trace_id for r in recs], [r.span_id for r in recs],
         )  # fmt: skip
 
 

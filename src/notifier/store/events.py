@@ -167,7 +167,7 @@ class EventQueries(Queries):
         payload = [
             {"id": e.id, "type": e.type, "recipient": e.recipient, "payload": e.payload,
              "idempotency_key": e.idempotency_key, "request_hash": e.request_hash,
-             "channel_ids": e.channel_ids, "ord": i}
+             "channel_ids": e.channel_ids, "traceparent": e.traceparent, "ord": i}
             for i, e in enumerate(events)
         ]  # fmt: skip
         rows = await conn.fetch(Q["insert_events"], tenant_id, payload, max_attempts)

@@ -21,6 +21,7 @@ from notifier.store.rows import OutboxRow
 log = logging.getLogger("notifier.store")
 
 DOORBELL_CHANNEL = "notifier_outbox"
+_OUTBOX_COLUMNS = ("id", "delivery_id", "routing_key", "body", "created_at", "traceparent")
 
 
 class OutboxQueries(Queries):
@@ -86,10 +87,7 @@ class OutboxClaim:
         self._tx = self._conn.transaction()
         await self._tx.start()
         records = await self._conn.fetch(Q["outbox_claim"], limit)
-        self.rows = [
-            OutboxRow(r["id"], r["delivery_id"], r["routing_key"], r["body"], r["created_at"])
-            for r in records
-        ]
+        self.rows = [OutboxRow(*(r[k] for k in _OUTBOX_COLUMNS)) for r in records]
 
     @crossing
     async def finish(self, sent: Sequence[int], refused: Mapping[int, str]) -> None:

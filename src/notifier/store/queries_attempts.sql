@@ -36,15 +36,17 @@ WHERE d.id = ANY($1::uuid[])
 -- seconds (0 = never). Channel rows are locked in id order, so concurrent batches cannot
 -- deadlock on them.
 --
+-- $15, $16: each attempt's trace and span ids (README, Tracing), NULL when not traced.
+--
 -- [$13, $14]: when the deliveries were created (their messages say), so only the partitions of
 -- those days are read (as in delivery_states). Returns, per input row, whether its delivery was
 -- found there too.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::timestamptz[],
                          $6::integer[], $7::integer[], $8::text[], $9::text[], $10::timestamptz[],
-                         $11::boolean[])
+                         $11::boolean[], $15::text[], $16::text[])
         AS r(delivery_id, attempt, status, outcome, started_at, duration_ms, status_code, error,
-             response_excerpt, next_attempt_at, disable_channel)
+             response_excerpt, next_attempt_at, disable_channel, trace_id, span_id)
 ),
 counted AS (
     SELECT d.channel_id, r.outcome, r.started_at, r.error, r.disable_channel,
@@ -123,9 +125,9 @@ upd AS (
 ins AS (
     INSERT INTO delivery_attempts
         (delivery_id, attempt, started_at, duration_ms, outcome, status_code, error, response_excerpt,
-         delivery_created_at)
+         delivery_created_at, trace_id, span_id)
     SELECT r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.outcome, r.status_code, r.error,
-           r.response_excerpt, d.created_at
+           r.response_excerpt, d.created_at, r.trace_id, r.span_id
     FROM input r JOIN deliveries d ON d.id = r.delivery_id
     WHERE d.created_at BETWEEN coalesce($13::timestamptz, '-infinity')
                      AND coalesce($14::timestamptz, 'infinity')

@@ -20,7 +20,8 @@ FROM deliveries
 WHERE tenant_id = $1 AND id = $2;
 
 -- name: delivery_attempts
-SELECT attempt, outcome, status_code, duration_ms, error, response_excerpt, started_at
+SELECT attempt, outcome, status_code, duration_ms, error, response_excerpt, started_at, trace_id,
+       span_id
 FROM delivery_attempts WHERE delivery_id = $1 ORDER BY id;
 
 -- name: replay_check
@@ -89,8 +90,9 @@ logged AS (
     FROM numbered n JOIN upd u ON u.id = n.id
 ),
 queued AS (
-    INSERT INTO outbox (delivery_id, routing_key, body)
-    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1)
+    INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
+    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1),
+           e.traceparent
     FROM upd u JOIN numbered n ON n.id = u.id
     JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at
 )

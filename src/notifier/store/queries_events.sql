@@ -5,7 +5,7 @@
 -- One round trip for a whole batch: the events, their fan-out deliveries (the pattern rule is
 -- notifier_type_matches) and the outbox rows carrying each delivery's worker message (built by
 -- notifier_worker_message). $2 is a JSON array of {id, type, recipient, payload,
--- idempotency_key, request_hash, channel_ids}; $3 maps a channel type to its default
+-- idempotency_key, request_hash, channel_ids, traceparent, ord}; $3 maps a channel type to its default
 -- max_attempts. Events whose idempotency key already exists (in event_keys) are skipped
 -- (ON CONFLICT DO NOTHING) and come back absent from the result. Keys are inserted in key
 -- order, not in the order given: an insert whose key a concurrent transaction has just inserted
@@ -15,7 +15,7 @@
 WITH input AS (
     SELECT * FROM jsonb_to_recordset($2::jsonb) AS x(
         id uuid, type text, recipient text, payload jsonb, idempotency_key text,
-        request_hash text, channel_ids uuid[], ord integer)
+        request_hash text, channel_ids uuid[], traceparent text, ord integer)
 ),
 keyed AS (
     INSERT INTO event_keys AS k (tenant_id, idempotency_key, event_id, created_at)
@@ -26,10 +26,11 @@ keyed AS (
     RETURNING k.event_id
 ),
 ev AS (
-    INSERT INTO events AS e (id, tenant_id, type, recipient, payload, idempotency_key, request_hash)
-    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash FROM input
+    INSERT INTO events AS e
+        (id, tenant_id, type, recipient, payload, idempotency_key, request_hash, traceparent)
+    SELECT id, $1, type, recipient, payload, idempotency_key, request_hash, traceparent FROM input
     WHERE idempotency_key IS NULL OR id IN (SELECT event_id FROM keyed)
-    RETURNING e.id, e.type, e.recipient, e.payload, e.created_at, e AS event
+    RETURNING e.id, e.type, e.recipient, e.payload, e.created_at, e.traceparent, e AS event
 ),
 targets AS (
     SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, ev.created_at, c.id AS channel_id,
@@ -55,9 +56,9 @@ dl AS (
     RETURNING d.id, d.event_id, d AS delivery
 ),
 ob AS (
-    INSERT INTO outbox (delivery_id, routing_key, body)
+    INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
     SELECT t.delivery_id, t.channel_type,
-           notifier_worker_message(dl.delivery, ev.event, t.config, 1)
+           notifier_worker_message(dl.delivery, ev.event, t.config, 1), ev.traceparent
     FROM targets t JOIN dl ON dl.id = t.delivery_id JOIN ev ON ev.id = t.event_id
 )
 -- Each event's deliveries (all PENDING) as three arrays in channel order, aggregated in one pass

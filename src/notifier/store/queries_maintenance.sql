@@ -27,9 +27,10 @@ upd AS (
               d AS delivery
 ),
 queued AS (
-    INSERT INTO outbox (delivery_id, routing_key, body)
+    INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
     SELECT u.id, u.channel_type,
-           notifier_worker_message(u.delivery, e, coalesce(c.config, '{}'::jsonb), u.attempt + 1)
+           notifier_worker_message(u.delivery, e, coalesce(c.config, '{}'::jsonb), u.attempt + 1),
+           e.traceparent
     FROM upd u
     JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at
     LEFT JOIN channels c ON c.id = u.channel_id

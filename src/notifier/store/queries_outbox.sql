@@ -5,13 +5,13 @@
 -- Fresh rows in id order plus refused rows whose wait is over, locked so that concurrent relays
 -- skip them. No id cursor: rows from transactions that commit out of order are never skipped.
 WITH fresh AS (
-    SELECT id, delivery_id, routing_key, body, created_at FROM outbox
+    SELECT id, delivery_id, routing_key, body, created_at, traceparent FROM outbox
     WHERE publish_failures = 0
     ORDER BY id LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT id, delivery_id, routing_key, body, created_at FROM outbox
+    SELECT id, delivery_id, routing_key, body, created_at, traceparent FROM outbox
     WHERE publish_failures > 0 AND available_at <= now()
     ORDER BY available_at LIMIT $1
     FOR UPDATE SKIP LOCKED

@@ -76,6 +76,8 @@ class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_key: str | None
     request_hash: str
     channel_ids: list[uuid.UUID] | None
+    # The W3C traceparent it was ingested under (tracing.parse_traceparent's), or None.
+    traceparent: str | None = None
 
 
 class IngestResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +94,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime
     # The start of the receiver's answer (at most 2048 bytes), as the adapter kept it.
     response_excerpt: str | None = None
+    trace_id: str | None = None  # the attempt's span (README, Tracing)
+    span_id: str | None = None
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,6 +144,9 @@ class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     # The delivery's created_at (its event's, which its message carries): the day of history
     # that holds it, so the statement reads one partition. None: looked for in every one.
     created_at: datetime | None = None
+    # The attempt's span (README, Tracing): its trace id, and its own id when it was recorded.
+    trace_id: str | None = None
+    span_id: str | None = None
 
 
 class OutboxRow(msgspec.Struct, frozen=True):
@@ -148,6 +155,7 @@ class OutboxRow(msgspec.Struct, frozen=True):
     routing_key: str
     body: bytes
     created_at: datetime  # when the row was written (for the relay's lag)
+    traceparent: str | None = None  # its event's: the AMQP header ``traceparent``
 
 
 class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):

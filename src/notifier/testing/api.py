@@ -254,7 +254,7 @@ class MemoryApiStore(MemoryApiDeliveries, ApiStore):
             id=e.id, type=e.type, recipient=e.recipient, payload=msgspec.json.decode(e.payload),
             idempotency_key=e.idempotency_key, created_at=now, deliveries=summaries,
         )  # fmt: skip
-        self.events[e.id] = StoredEvent(tenant_id, event, e.request_hash)
+        self.events[e.id] = StoredEvent(tenant_id, event, e.request_hash, e.traceparent)
         return event
 
     def _current(self, stored: StoredEvent) -> Event:

@@ -29,6 +29,7 @@ class StoredEvent:
     tenant_id: uuid.UUID
     event: Event  # its deliveries as they were created; its payload None once expunged
     request_hash: str
+    traceparent: str | None = None  # the trace context it was ingested under
 
 
 @dataclass
@@ -64,9 +65,11 @@ class MemoryApiState:
         attempt: int = 1,
         error: str | None = None,
         response_excerpt: str | None = None,
+        trace_id: str | None = None,
+        span_id: str | None = None,
     ) -> None:
         """What a worker would write: the delivery ``status`` after ``attempt`` (with the
-        receiver's ``response_excerpt``)."""
+        receiver's ``response_excerpt``, the attempt span's ids)."""
         stored = self.deliveries[delivery_id]
         now = self._now()
         stored.delivery = msgspec.structs.replace(
@@ -76,7 +79,7 @@ class MemoryApiState:
         outcome = {"DELIVERED": "delivered", "DEAD": "dead"}.get(status, "retry")
         stored.attempts.append(Attempt(
             attempt=attempt, outcome=outcome, status_code=None, duration_ms=1, error=error,
-            response_excerpt=response_excerpt, started_at=now,
+            response_excerpt=response_excerpt, started_at=now, trace_id=trace_id, span_id=span_id,
         ))  # fmt: skip
 
     def _now(self) -> datetime:

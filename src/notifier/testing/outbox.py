@@ -57,12 +57,13 @@ class MemoryOutbox:
         body: bytes,
         *,
         created_at: datetime | None = None,
+        traceparent: str | None = None,
     ) -> int:
         """Insert a row (written now, unless ``created_at`` says otherwise) and ring."""
         row_id = self._next_id
         self._next_id += 1
         written = created_at or datetime.now(UTC)
-        self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body, written)
+        self.rows[row_id] = OutboxRow(row_id, delivery_id, routing_key, body, written, traceparent)
         if self.bell.connected:  # nobody hears the NOTIFY while the LISTEN connection is lost
             self.bell.ring()
         return row_id

@@ -20,6 +20,7 @@ from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.observability import Reporter
 from notifier.ratelimit import SharedBuckets
+from notifier.tracing import NO_TRACING, Tracing
 from notifier.worker.circuit import Breaker, SharedCircuits, breaker_for
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.fair import FairDispatch, FairShare, Pending
@@ -99,6 +100,7 @@ async def run_worker_group(
     *,
     reporter: Reporter | None = None,
     metrics: Metrics | None = None,
+    tracing: Tracing = NO_TRACING,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Consume ``deliveries.<type>`` until ``stop``.
@@ -139,7 +141,7 @@ async def run_worker_group(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
                 policy=config.retry,
                 observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
-                limits=store, circuits=circuits,
+                limits=store, circuits=circuits, tracing=tracing,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             dispatch = FairDispatch(

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -35,6 +36,8 @@ from notifier.errors import DeliveryError, PermanentError, RetriableError, Store
 from notifier.messages import WorkerMessage, decode_message
 from notifier.ratelimit import Bucket, Refusals, SharedBuckets
 from notifier.store.rows import TERMINAL_STATUSES, AttemptRecord, DeliveryState
+from notifier.tracing import HEADER as TRACE_HEADER
+from notifier.tracing import NO_TRACING, Kind, Span, Tracing, parse_traceparent
 from notifier.worker.circuit import Breaker, Gate
 from notifier.worker.decide import Decision, Result, RetryPolicy, decide, decide_rate_limited
 from notifier.worker.observe import DEFERRED, UNDECODABLE, Observers, Outcome, OutcomeObserver
@@ -90,13 +93,15 @@ class Handler:
         observer: OutcomeObserver | None = None,
         limits: SharedBuckets | None = None,
         circuits: Breaker | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         """``observer`` is told what each message came to (``worker.group.outcome_observers``
         composes the metrics, the log line and Sentry); without one, nothing is told.
         ``limits`` keeps the rate-limit buckets (the store: shared by every process); a message
         that needs a bucket (its channel's ``rate_limit_per_second``, the adapter's
         ``rate_buckets``) in a handler without it is a panic. ``circuits``: the destinations'
-        circuit breakers (none: every delivery is attempted)."""
+        circuit breakers (none: every delivery is attempted). ``tracing`` makes a span of each
+        attempt (README, Tracing)."""
         self._store = store
         self._adapter = adapter
         self._limiter = adapter if isinstance(adapter, RateLimiter) else None
@@ -120,6 +125,7 @@ class Handler:
         self._observer = observer
         self._type = adapter.channel_type
         self._destination = destination_namer(adapter)
+        self._tracing = tracing
 
     async def handle(self, incoming: Incoming, message: WorkerMessage | None = None) -> None:
         """Trio-flavoured. Handle one message and record its settlement; never raises
@@ -129,7 +135,7 @@ class Handler:
                 message = self._decode(incoming)
             settle = (
                 Settle.REJECT if message is None
-                else await self._handle(message, incoming.message_id)
+                else await self._handle(message, incoming.message_id, incoming.headers)
             )  # fmt: skip
         except StoreError as exc:
             # Postgres is unreachable: we cannot know or record the state, so the message goes
@@ -203,7 +209,9 @@ class Handler:
                 log.exception("delivery %s: recording the panic failed", message.delivery_id)
         return False
 
-    async def _handle(self, message: WorkerMessage, message_id: str | None) -> Settle:
+    async def _handle(
+        self, message: WorkerMessage, message_id: str | None, headers: Mapping[str, Any]
+    ) -> Settle:
         state = await self._store.delivery_state(message.delivery_id, message.created_at)
         if state is None or state.status in TERMINAL_STATUSES or state.attempt >= message.attempt:
             # Deleted, already finished, or a copy of an attempt that was already made.
@@ -212,6 +220,27 @@ class Handler:
                 extra={"delivery_id": str(message.delivery_id), "attempt": message.attempt},
             )  # fmt: skip
             return Settle.ACK
+        # The trace context the message came with: the parent of the attempt's span, and what
+        # its retry copy carries, so that a delivery's attempts are siblings in one trace.
+        parent = parse_traceparent(headers.get(TRACE_HEADER)) if TRACE_HEADER in headers else None
+        if parent is None and not self._tracing.enabled:
+            return await self._attempt_and_settle(message, message_id, state, None, None)
+        with self._tracing.span(
+            "notifier.attempt", parent, kind=Kind.CLIENT,
+            attributes={"notifier.channel_type": self._type,
+                        "notifier.destination_origin": self._destination(message),
+                        "notifier.attempt": message.attempt,
+                        "notifier.delivery_id": str(message.delivery_id)},
+        ) as span:  # fmt: skip
+            return await self._attempt_and_settle(message, message_id, state, parent, span)
+
+    async def _attempt_and_settle(
+        self, message: WorkerMessage, message_id: str | None, state: DeliveryState,
+        parent: str | None, span: Span | None,
+    ) -> Settle:  # fmt: skip
+        """The attempt of a message that is due (in its span, when there is one): the channel's
+        state, the circuit, the rate limits and the adapter's call, then the decision carried
+        out."""
         started_at = datetime.now(UTC)
         t0 = trio.current_time()  # the system clock in production; a test may mock it
         if state.channel_state != "enabled":
@@ -251,10 +280,15 @@ class Handler:
             next_attempt_at=decision.next_attempt_at,
             disable_channel=attempted.disable_channel,
             created_at=message.created_at,
+            trace_id=None if span is None else span.trace_id,
+            span_id=None if span is None else span.span_id,
         )
+        if span is not None:
+            span.set("notifier.outcome", decision.outcome)
+            span.set("http.response.status_code", attempted.status_code)
         # The attempt happened: carry the decision out even while shutting down (bounded).
         with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WRITE_TIMEOUT_SECONDS):
-            return await self._carry_out(message, message_id, decision, record, attempted)
+            return await self._carry_out(message, message_id, decision, record, attempted, parent)
         log.warning(
             "delivery %s attempt %d: settling timed out; requeueing",
             message.delivery_id, message.attempt,
@@ -361,11 +395,14 @@ class Handler:
 
     async def _carry_out(
         self, message: WorkerMessage, message_id: str | None, decision: Decision,
-        record: AttemptRecord, attempted: Attempted,
+        record: AttemptRecord, attempted: Attempted, traceparent: str | None,
     ) -> Settle:  # fmt: skip
-        """Retry copy first (confirmed), then the record, then the settlement of the original."""
+        """Retry copy first (confirmed), then the record, then the settlement of the original.
+        The retry copy carries ``traceparent``, the context the original came with."""
         if decision.retry_tier is not None:
-            await self._republish.retry(message, decision.retry_tier, decision.retry_attempt)
+            await self._republish.retry(
+                message, decision.retry_tier, decision.retry_attempt, traceparent
+            )
 
         def observe(recorded: bool) -> None:
             self._observe(

@@ -22,6 +22,7 @@ from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
 from notifier.errors import BrokerError
 from notifier.messages import WorkerMessage, encode_message
+from notifier.tracing import HEADER as TRACE_HEADER
 
 log = logging.getLogger("notifier.worker")
 
@@ -67,15 +68,22 @@ class Republisher:
             return confirm, confirm.value
         return Confirm.UNCONFIRMED, f"no confirm in {RETRY_PUBLISH_TIMEOUT_SECONDS:g} s"
 
-    async def retry(self, message: WorkerMessage, tier: int, attempt: int | None) -> None:
+    async def retry(
+        self, message: WorkerMessage, tier: int, attempt: int | None,
+        traceparent: str | None = None,
+    ) -> None:  # fmt: skip
         """The retry copy of ``message`` (numbered ``attempt`` when given) through the delay
-        tier ``tier``; a copy the broker did not confirm is logged (its attempt is recorded
-        all the same, and the reconciler enqueues it once it is overdue)."""
+        tier ``tier``, with ``traceparent`` as its header of that name; a copy the broker did
+        not confirm is logged (its attempt is recorded all the same, and the reconciler
+        enqueues it once it is overdue)."""
         copy = message
         if attempt is not None:
             copy = msgspec.structs.replace(message, attempt=attempt)
         queue = retry_queue(self._type, tier)
-        out = Outgoing(RETRY_EXCHANGE, queue, encode_message(copy), str(message.delivery_id))
+        out = Outgoing(
+            RETRY_EXCHANGE, queue, encode_message(copy), str(message.delivery_id),
+            None if traceparent is None else {TRACE_HEADER: traceparent},
+        )  # fmt: skip
         confirm, why = await self.publish(out)
         if confirm is not Confirm.CONFIRMED:
             # The attempt happened all the same: it is recorded (with its next_attempt_at)
@@ -97,7 +105,11 @@ class Republisher:
         queue after a pause. Never raises ``Exception``."""
         tier = tier_for(seconds, self._tiers)
         queue = retry_queue(self._type, tier)
-        out = Outgoing(RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id))
+        traceparent = incoming.headers.get(TRACE_HEADER)  # carried as it came
+        out = Outgoing(
+            RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id),
+            None if traceparent is None else {TRACE_HEADER: traceparent},
+        )  # fmt: skip
         confirm, why = Confirm.UNCONFIRMED, "no confirm in time"
         with trio.CancelScope(shield=True), trio.move_on_after(self._bound):
             confirm, why = await self.publish(out)

@@ -56,6 +56,8 @@ from notifier.adapters.webhook.ssrf import (
 from notifier.adapters.webhook.tls import ClientIdentity, unavailable
 from notifier.errors import PermanentError, RetriableError
 from notifier.messages import WorkerMessage
+from notifier.tracing import HEADER as TRACE_HEADER
+from notifier.tracing import current_traceparent
 
 EXCERPT_BYTES = 2048
 READ_LIMIT_BYTES = 64 * 1024
@@ -276,6 +278,10 @@ class WebhookAdapter:
         now = self._clock()
         secrets = signing_secrets(cfg, now)
         headers, body = build_request(message, secrets, end.custom, int(now))
+        if (traceparent := current_traceparent()) is not None:
+            # the attempt's span (README, Tracing), in place of a channel's own header
+            headers = {k: v for k, v in headers.items() if k.lower() != TRACE_HEADER}
+            headers[TRACE_HEADER] = traceparent
         fields = [("host", end.host_header), ("content-length", str(len(body))), *headers.items()]
         if token is not None:
             fields.append(("authorization", f"Bearer {token}"))

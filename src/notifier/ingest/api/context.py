@@ -23,6 +23,7 @@ from notifier.ingest.unauthorized import UnauthorizedLimit
 from notifier.metrics import Metrics
 from notifier.metrics_scrape import ScrapeReader
 from notifier.store.api import ApiStore
+from notifier.tracing import NO_TRACING, Tracing
 
 _EXTENSION = "notifier.api"
 
@@ -43,6 +44,7 @@ class ApiContext:
     scrape: ScrapeReader
     check_broker: Callable[[], Awaitable[None]] | None
     openapi: bytes  # the document served at /openapi.json
+    tracing: Tracing = NO_TRACING  # the ingest span of POST /v1/events and /batch
 
 
 def tenants_by_key_hash(store: ApiStore, caches: TenantCaches) -> TenantCache:

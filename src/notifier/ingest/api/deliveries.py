@@ -31,7 +31,8 @@ def delivery_view(d: Delivery) -> DeliveryView:
     attempts = [
         AttemptView(attempt=a.attempt, outcome=a.outcome, status_code=a.status_code,
                     duration_ms=a.duration_ms, error=a.error,
-                    response_excerpt=a.response_excerpt, started_at=a.started_at)
+                    response_excerpt=a.response_excerpt, started_at=a.started_at,
+                    trace_id=a.trace_id, span_id=a.span_id)
         for a in d.attempts
     ]  # fmt: skip
     return DeliveryDetail(**msgspec.structs.asdict(view), attempts=attempts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Sequence
 
 import msgspec
 from quart import Blueprint, Response, request
@@ -18,6 +19,7 @@ from notifier.ingest.models import IDEMPOTENCY_HEADER_PATTERN, BatchIn, EventIn
 from notifier.ingest.views import DeliveryRef, EventBatch, EventDetail, EventView
 from notifier.store.errors import DeliveriesInFlight, NotFound
 from notifier.store.rows import Event, IngestResult, NewEvent
+from notifier.tracing import HEADER, Kind, parse_traceparent
 
 routes = Blueprint("events", __name__)
 _IDEMPOTENCY_HEADER = re.compile(IDEMPOTENCY_HEADER_PATTERN)
@@ -90,12 +92,30 @@ def idempotency_key(data: EventIn, header_key: str | None) -> str | None:
 
 
 async def store_event(
-    ctx: ApiContext, tenant_id: uuid.UUID, data: EventIn, header_key: str | None
-) -> tuple[EventView, int]:
+    ctx: ApiContext, tenant_id: uuid.UUID, data: EventIn, header_key: str | None,
+    traceparent: str | None = None,
+) -> tuple[EventView, int]:  # fmt: skip
     """``POST /v1/events`` once the body is read: the event stored (or found again by its
     idempotency key), its view and status (202 stored, 200 the same event again); the store's
-    refusals are raised (answered by ``errors``)."""
-    event = new_event(data, idempotency_key(data, header_key))
+    refusals are raised (answered by ``errors``). ``traceparent``: the request's, checked; the
+    event keeps it, or with tracing on the ingest span's (a child of it, or a new trace)."""
+    if not ctx.tracing.enabled:
+        return await _store_event(ctx, tenant_id, data, header_key, traceparent)
+    with ctx.tracing.span(
+        "notifier.ingest", traceparent, kind=Kind.SERVER,
+        attributes={"url.path": "/v1/events", "notifier.tenant_id": str(tenant_id)},
+    ) as span:  # fmt: skip
+        view, status = await _store_event(ctx, tenant_id, data, header_key, span.traceparent)
+        span.set("http.response.status_code", status)
+        span.set("notifier.event_id", str(view.id))
+        return view, status
+
+
+async def _store_event(
+    ctx: ApiContext, tenant_id: uuid.UUID, data: EventIn, header_key: str | None,
+    traceparent: str | None,
+) -> tuple[EventView, int]:  # fmt: skip
+    event = new_event(data, idempotency_key(data, header_key), traceparent=traceparent)
     await admit(tenant_id, 1, ctx)
     # Stored together with the events of the requests in flight beside it: one statement, one
     # crossing for all. Its outcome is its own: a conflict or an unknown channel of another
@@ -109,21 +129,47 @@ async def store_event(
 
 
 async def store_batch(
-    ctx: ApiContext, tenant_id: uuid.UUID, data: BatchIn
+    ctx: ApiContext, tenant_id: uuid.UUID, data: BatchIn, traceparent: str | None = None
 ) -> tuple[EventBatch, int]:
     """``POST /v1/events/batch`` once the body is read: the events stored in one transaction,
-    their views and the status (202 when any was new, else 200)."""
+    their views and the status (202 when any was new, else 200). Every event of the batch keeps
+    the one trace context of the request (``store_event``)."""
+    if not ctx.tracing.enabled:
+        return await _store_batch(ctx, tenant_id, data, traceparent)
+    with ctx.tracing.span(
+        "notifier.ingest", traceparent, kind=Kind.SERVER,
+        attributes={"url.path": "/v1/events/batch", "notifier.tenant_id": str(tenant_id),
+                    "notifier.events": len(data.events)},
+    ) as span:  # fmt: skip
+        batch, status = await _store_batch(ctx, tenant_id, data, span.traceparent)
+        span.set("http.response.status_code", status)
+        return batch, status
+
+
+async def _store_batch(
+    ctx: ApiContext, tenant_id: uuid.UUID, data: BatchIn, traceparent: str | None
+) -> tuple[EventBatch, int]:
     max_events = ctx.config.ingest.max_batch_events
     if len(data.events) > max_events:
         raise ApiError(422, "validation_error", f"events: at most {max_events} events per batch")
     ids = new_ids(len(data.events))
     results = await ingest(
         tenant_id,
-        [new_event(e, e.idempotency_key, i) for e, i in zip(data.events, ids, strict=True)],
+        [
+            new_event(e, e.idempotency_key, i, traceparent)
+            for e, i in zip(data.events, ids, strict=True)
+        ],
         ctx,
     )
     status = 202 if any(r.created for r in results) else 200
     return EventBatch(events=[event_view(r.event) for r in results]), status
+
+
+def request_traceparent(values: Sequence[str | bytes]) -> str | None:
+    """The request's ``traceparent`` header, checked (``tracing.parse_traceparent``); ``None``
+    when it is absent, out of shape or given more than once: a bad header is ignored, never an
+    error."""
+    return parse_traceparent(values[0]) if len(values) == 1 else None
 
 
 # The two routes below are served by ``api.hot`` in front of quart when the app runs under
@@ -133,8 +179,9 @@ async def post_event() -> Response:
     tenant_id = await current_tenant()
     data = await read_body(EventIn)
     view, status = await store_event(
-        api_context(), tenant_id, data, request.headers.get("Idempotency-Key")
-    )
+        api_context(), tenant_id, data, request.headers.get("Idempotency-Key"),
+        request_traceparent(request.headers.getlist(HEADER)),
+    )  # fmt: skip
     return json_response(view, status)
 
 
@@ -142,7 +189,9 @@ async def post_event() -> Response:
 async def post_batch() -> Response:
     tenant_id = await current_tenant()
     data = await read_body(BatchIn)
-    batch, status = await store_batch(api_context(), tenant_id, data)
+    batch, status = await store_batch(
+        api_context(), tenant_id, data, request_traceparent(request.headers.getlist(HEADER))
+    )
     return json_response(batch, status)
 
 

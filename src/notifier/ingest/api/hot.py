@@ -9,8 +9,8 @@ is one task, reading only the headers it needs. What it decides is what the quar
 decide, through the same functions: ``auth.authenticate`` (two ``Authorization`` headers,
 the 401 limit per address, the tenant cache), ``http.check_json_type`` and ``decode_body``,
 ``events.store_event`` and ``events.store_batch`` (the idempotency header rules, the rate
-limit, the group commit), ``errors.error_parts`` (every error in the one shape, with its
-status and headers). What quart did around them is kept:
+limit, the group commit, the ``traceparent`` and the ingest span), ``errors.error_parts``
+(every error in the one shape, with its status and headers). What quart did around them is kept:
 
 - the body is bounded by ``MAX_CONTENT_LENGTH`` (``ingest.max_body_bytes``): over it by its
   ``Content-Length``, refused without reading it; growing past it, refused at once (``413``);
@@ -41,7 +41,7 @@ from notifier.errors import NotifierError
 from notifier.ingest.api.auth import authenticate
 from notifier.ingest.api.context import ApiContext, context_of
 from notifier.ingest.api.errors import error_parts
-from notifier.ingest.api.events import store_batch, store_event
+from notifier.ingest.api.events import request_traceparent, store_batch, store_event
 from notifier.ingest.api.http import check_json_type, decode_body, error_body
 from notifier.ingest.models import BatchIn, EventIn
 
@@ -135,6 +135,7 @@ class IngestRoutes:
         assert scope["type"] == "http"
         authorization: list[str] = []
         content_type = idempotency = length = None
+        traceparents: list[bytes] = []
         for raw_name, raw_value in scope["headers"]:
             name = raw_name.lower()
             if name == b"authorization":
@@ -143,6 +144,8 @@ class IngestRoutes:
                 content_type = raw_value.decode("latin1")
             elif name == b"idempotency-key" and idempotency is None:
                 idempotency = raw_value.decode("latin1")
+            elif name == b"traceparent":
+                traceparents.append(raw_value)
             elif name == b"content-length" and length is None:
                 length = int(raw_value) if raw_value.isdigit() else None
         body = _Body(receive, length, self._max_body, self._body_timeout)
@@ -153,13 +156,16 @@ class IngestRoutes:
                 tenant_id = await authenticate(self._ctx, authorization, address)
                 check_json_type(content_type or "")
                 answer: Any
+                traceparent = request_traceparent(traceparents) if traceparents else None
                 if batch:
                     answer, status = await store_batch(
-                        self._ctx, tenant_id, decode_body(await body.read(), BatchIn)
+                        self._ctx, tenant_id, decode_body(await body.read(), BatchIn), traceparent
                     )
                 else:
                     data = decode_body(await body.read(), EventIn)
-                    answer, status = await store_event(self._ctx, tenant_id, data, idempotency)
+                    answer, status = await store_event(
+                        self._ctx, tenant_id, data, idempotency, traceparent
+                    )
                 payload = msgspec.json.encode(answer)
             except _ClientGone:
                 raise
