@@ -557,3 +557,21 @@ def test_the_config_is_checked(section: dict[str, Any], error: str) -> None:
 def test_the_dead_letter_queue_defaults_to_the_queue_dot_dead() -> None:
     assert make_config(queue="in").amqp_ingest.dead_letter_queue_name == "in.dead"
     assert make_config(dead_letter_queue="bad").amqp_ingest.dead_letter_queue_name == "bad"
+
+
+async def test_an_event_keeps_a_valid_traceparent_header_and_ignores_a_bad_one(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    s = Setup()
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    batch = [
+        s.message(body(), message_id="traced", headers={"traceparent": good}),
+        s.message(body(), message_id="bytes", headers={"traceparent": good.encode()}),
+        s.message(body(), message_id="hostile", headers={"traceparent": "00-" + "z" * 52}),
+        s.message(body(), message_id="plain"),
+    ]
+    await s.ingest.handle(batch)
+    assert [(e.idempotency_key, e.traceparent) for e in s.store.stored] == [
+        ("traced", good), ("bytes", good), ("hostile", None), ("plain", None),
+    ]  # fmt: skip
+    assert s.settled == {m.delivery_tag: Settle.ACK for m in batch}

@@ -47,6 +47,8 @@ from notifier.lifecycle import Stop, watch_closing
 from notifier.metrics import Metrics
 from notifier.store.errors import IdempotencyConflict, UnknownChannels
 from notifier.store.rows import IngestResult, NewEvent
+from notifier.tracing import HEADER as TRACE_HEADER
+from notifier.tracing import parse_traceparent
 
 log = logging.getLogger("notifier.ingest.amqp")
 
@@ -202,6 +204,7 @@ class AmqpIngest:
                 m.body, app_id=m.app_id, message_id=m.message_id,
                 content_type=content_type if isinstance(content_type, str) else None,
                 tenants=self._cfg.tenants, max_body_bytes=self._max_body_bytes,
+                traceparent=parse_traceparent(m.headers.get(TRACE_HEADER)),
             )  # fmt: skip
         except Exception:  # a bug: refuse this message instead of crashing on it forever
             log.exception("amqp ingest: reading message %s failed", m.message_id)

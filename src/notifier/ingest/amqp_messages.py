@@ -44,9 +44,11 @@ def parse_message(
     content_type: str | None,
     tenants: Mapping[str, str],
     max_body_bytes: int,
+    traceparent: str | None = None,
 ) -> Parsed | Rejected:
     """Decide what a message is. The idempotency key is the body's ``idempotency_key`` or, if
-    it has none, the message's AMQP ``message_id`` (so a message delivered twice is a replay)."""
+    it has none, the message's AMQP ``message_id`` (so a message delivered twice is a replay).
+    ``traceparent``: the message's header of that name, checked; the event keeps it."""
     if len(body) > max_body_bytes:
         return Rejected(
             "request_entity_too_large",
@@ -69,7 +71,7 @@ def parse_message(
         return Rejected("validation_error", "message_id: as idempotency key, 1 to 255 characters")
     if key is not None and "\x00" in key:  # the body's texts were checked by jsonguard
         return Rejected("validation_error", NUL_MESSAGE)
-    return Parsed(tenant, new_event(data, key))
+    return Parsed(tenant, new_event(data, key, traceparent=traceparent))
 
 
 def decode_event(body: bytes) -> EventIn | Rejected:

@@ -23,6 +23,7 @@ from notifier.broker.topology import RETRY_EXCHANGE, retry_queue, tier_for
 from notifier.errors import BrokerError
 from notifier.messages import WorkerMessage, encode_message
 from notifier.tracing import HEADER as TRACE_HEADER
+from notifier.tracing import parse_traceparent
 
 log = logging.getLogger("notifier.worker")
 
@@ -105,7 +106,7 @@ class Republisher:
         queue after a pause. Never raises ``Exception``."""
         tier = tier_for(seconds, self._tiers)
         queue = retry_queue(self._type, tier)
-        traceparent = incoming.headers.get(TRACE_HEADER)  # carried as it came
+        traceparent = parse_traceparent(incoming.headers.get(TRACE_HEADER))  # carried on
         out = Outgoing(
             RETRY_EXCHANGE, queue, incoming.body, str(message.delivery_id),
             None if traceparent is None else {TRACE_HEADER: traceparent},
