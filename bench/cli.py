@@ -126,7 +126,7 @@ def main() -> int:
         if bench.history_result is not None:
             print(history.report(bench.history_result), flush=True)
     elif args.tracing:
-        print(tracing.report(bench.stages), flush=True)
+        print(tracing.report(bench.stages, bench.span_costs or []), flush=True)
     elif not args.soak:
         print(report.ratios(bench.stages), flush=True)
         print(report.scaling(bench.stages), flush=True)
@@ -138,6 +138,7 @@ def main() -> int:
         "stages": [s.as_dict() for s in bench.stages],
         "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
         "samples": bench.samples, "tracing": tracing.values(bench.stages),
+        "span_cost": tracing.span_cost_values(bench.span_costs or [], bench.stages),
         "history": bench.history_result.as_dict() if bench.history_result is not None else None,
         "history_ratios": {key: history.stage_ratio(e, h) for key, _, e, h in pairs
                            if e is not None and h is not None},

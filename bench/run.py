@@ -30,6 +30,7 @@ import functools
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 from bench import history, report, tracing
 from bench.harness import Harness
@@ -49,6 +50,7 @@ class Bench(Harness):
     """The stages, one after the other (``run``), on the harness."""
 
     history_result: history.History | None = None  # what ``--history`` built and measured
+    span_costs: list[dict[str, Any]] | None = None  # ``--tracing``: bench/span_cost.py's runs
 
     # -- stages --
 

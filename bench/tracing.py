@@ -27,14 +27,17 @@ inside it (the export interval is ``EXPORT_INTERVAL_SECONDS``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.otlp_sink import OtlpSink
-from bench.procs import wait_for
+from bench.procs import cpu_seconds, wait_for
 from bench.report import line as report_line
 from bench.stage import Stage, percentile
 
@@ -58,6 +61,8 @@ WARMUP_SECONDS = 3.0
 # the paced workload's rate (events/s asked): below what one process sustains on a busy
 # two-core machine, so that every mode does the same work at the same pace
 PACED_RATE = 150.0
+# events of each bench/span_cost.py run
+SPAN_COST_EVENTS = 20_000
 ROLES = "ingest,relay,workers,maintenance"
 # CPU groups of the table (bench/harness.py), and their headings
 GROUPS = (
@@ -162,6 +167,35 @@ def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None,
     run_one(bench, "ratio1", -1, min(seconds, WARMUP_SECONDS), 0.0, None)
     for r, mode in order(modes, rounds):
         run_one(bench, mode, r, seconds, paced, pythonpath if mode == "before" else None)
+    bench.span_costs = span_costs(bench, SPAN_COST_EVENTS if rounds > 1 else 2000, 2)
+
+
+def span_costs(bench: Bench, events: int, rounds: int) -> list[dict[str, Any]]:
+    """``bench/span_cost.py`` for each mode but ``before`` (tracing off: the floor), ``rounds``
+    times in ``order``: its own CPU, the OTLP sink's, and the spans the sink received."""
+    otlp = bench.otlp
+    assert otlp is not None
+    out = []
+    for r, mode in order(["off", "ratio0", "ratio1"], rounds):
+        argv = [sys.executable, "-m", "bench.span_cost", "--events", str(events)]
+        if mode != "off":
+            argv += ["--endpoint", otlp.endpoint, "--ratio", "0" if mode == "ratio0" else "1",
+                     "--interval", str(EXPORT_INTERVAL_SECONDS)]  # fmt: skip
+        env = {**os.environ, "OTEL_BSP_MAX_QUEUE_SIZE": str(4 * (events + 1))}
+        stats0, sink0 = otlp.stats(), cpu_seconds(otlp.proc.pid)
+        done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        stats1, sink1 = otlp.stats(), cpu_seconds(otlp.proc.pid)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        found.update(mode=mode, round=r, spans=stats1["spans"] - stats0["spans"],
+                     otlp_cpu_seconds=sink1 - sink0)  # fmt: skip
+        bench.say(
+            f"  span cost, {dict(MODES)[mode]} (round {r + 1}): {events} events, "
+            f"{found['cpu_seconds'] / events * 1e6:.1f} µs of CPU each, "
+            f"{found['spans']} spans received"
+        )
+        out.append(found)
+    return out
 
 
 def run_one(bench: Bench, mode: str, r: int, seconds: float, paced: float,
@@ -339,13 +373,55 @@ def _spread(rounds: list[dict[str, float]], key: str) -> str:
     return f" [{low:.2f}-{high:.2f}]"
 
 
-def report(stages: Sequence[Stage]) -> str:
+def span_cost_values(costs: Sequence[dict[str, Any]],
+                     stages: Sequence[Stage] = ()) -> dict[str, Any]:  # fmt: skip
+    """bench/span_cost.py's runs pooled per mode: µs of CPU per event (its process's, and the
+    OTLP sink's), spans received per event, and what a mode costs over tracing off (the loop
+    alone) in µs per event; with ``stages``, that cost as a share of notifier's CPU per event
+    end to end with tracing off (unpaced, pooled)."""
+    out: dict[str, Any] = {}
+    for mode in ("off", "ratio0", "ratio1"):
+        runs = [c for c in costs if c["mode"] == mode]
+        events = sum(int(c["events"]) for c in runs)
+        if not events:
+            continue
+        out[mode] = {
+            "runs": len(runs), "events": events,
+            "cpu_us_per_event": sum(c["cpu_seconds"] for c in runs) / events * 1e6,
+            "otlp_cpu_us_per_event": sum(c["otlp_cpu_seconds"] for c in runs) / events * 1e6,
+            "spans_per_event": sum(int(c["spans"]) for c in runs) / events,
+        }  # fmt: skip
+    e2e = values(stages).get("unpaced", {}).get("modes", {}).get("off")
+    per_event_us = e2e["cpu_per_1000"].get("server", 0.0) * 1000 if e2e else 0.0
+    if (off := out.get("off")) is not None:
+        for mode in ("ratio0", "ratio1"):
+            if (m := out.get(mode)) is not None:
+                m["over_off_us"] = m["cpu_us_per_event"] - off["cpu_us_per_event"]
+                m["share_of_e2e"] = m["over_off_us"] / per_event_us if per_event_us else None
+    return out
+
+
+def report(stages: Sequence[Stage], costs: Sequence[dict[str, Any]] = ()) -> str:
     out = []
     for workload, v in values(stages).items():
         rate = next((s.extra.get("target_per_s") for s in stages
                      if s.extra.get("workload") == workload), None)  # fmt: skip
         how = f"paced at {rate:.0f} events/s" if workload == "paced" and rate else "unpaced"
         out.append(_report(v, how))
+    if found := span_cost_values(costs, stages):
+        out += ["", "the spans alone (bench/span_cost.py: an event's three spans in a loop, "
+                    "exported to the OTLP sink), runs pooled:"]  # fmt: skip
+        for mode, p in found.items():
+            line = (
+                f"  {dict(MODES)[mode]:<30} {p['events']:>7} events: {p['cpu_us_per_event']:7.1f} "
+                f"µs of CPU per event, the OTLP sink {p['otlp_cpu_us_per_event']:6.1f} µs, "
+                f"{p['spans_per_event']:.2f} spans received per event"
+            )
+            if "over_off_us" in p:
+                line += f"; over off {p['over_off_us']:+.1f} µs"
+                if p["share_of_e2e"] is not None:
+                    line += f" = {p['share_of_e2e']:.1%} of notifier's CPU per event end to end"
+            out.append(line)
     return "\n".join(out)
 
 

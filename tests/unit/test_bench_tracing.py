@@ -9,7 +9,15 @@ import tomllib
 import pytest
 from bench.otlp_sink import Counts, WireError, fields, span_names
 from bench.stage import Stage, Window
-from bench.tracing import order, pooled, ratio, report, tracing_section, values
+from bench.tracing import (
+    order,
+    pooled,
+    ratio,
+    report,
+    span_cost_values,
+    tracing_section,
+    values,
+)
 
 from notifier.config import parse_config
 
@@ -194,3 +202,28 @@ def test_a_ratio_over_nothing_is_zero_not_an_error() -> None:
                                   "cpu_per_item_with_services": 0.0}  # fmt: skip
     assert values([]) == {}
     assert report([]) == ""
+
+
+def _cost(mode: str, r: int, cpu: float, spans: int = 0, otlp: float = 0.0) -> dict[str, object]:
+    return {"mode": mode, "round": r, "events": 1000, "cpu_seconds": cpu, "spans": spans,
+            "otlp_cpu_seconds": otlp}  # fmt: skip
+
+
+def test_the_spans_alone_cost_what_a_mode_takes_over_the_loop() -> None:
+    costs = [
+        _cost("off", 0, 0.005), _cost("ratio0", 0, 0.04), _cost("ratio1", 0, 0.3, 3000, 0.02),
+        _cost("ratio1", 1, 0.2, 3000, 0.02), _cost("ratio0", 1, 0.04), _cost("off", 1, 0.005),
+    ]  # fmt: skip
+    # notifier's CPU end to end with tracing off: 2 ms an event
+    stages = [_run("off", 0, 1000, 2.0, 2.0)]
+    found = span_cost_values(costs, stages)
+    assert found["off"]["cpu_us_per_event"] == pytest.approx(5.0)
+    assert found["ratio1"]["cpu_us_per_event"] == pytest.approx(250.0)  # 0.5 s over 2,000
+    assert found["ratio1"]["otlp_cpu_us_per_event"] == pytest.approx(20.0)
+    assert found["ratio1"]["spans_per_event"] == pytest.approx(3.0)
+    assert found["ratio1"]["over_off_us"] == pytest.approx(245.0)
+    assert found["ratio1"]["share_of_e2e"] == pytest.approx(245.0 / 2000.0)
+    assert found["ratio0"]["over_off_us"] == pytest.approx(35.0)
+    assert "over off +245.0 µs = 12.2% of notifier's CPU per event" in report(stages, costs)
+    # without the end-to-end runs there is no share to give
+    assert span_cost_values(costs)["ratio1"]["share_of_e2e"] is None
