@@ -1044,9 +1044,10 @@ async def test_get_delivery_includes_its_attempts(api: Api) -> None:
     assert detail["delivered_at"] is not None
     attempts = detail["attempts"]
     assert [sorted(a) for a in attempts] == [
-        ["attempt", "duration_ms", "error", "outcome", "response_excerpt", "started_at",
-         "status_code"]
+        ["attempt", "duration_ms", "error", "outcome", "response_excerpt", "span_id",
+         "started_at", "status_code", "trace_id"]
     ] * 2  # fmt: skip
+    assert [(a["trace_id"], a["span_id"]) for a in attempts] == [(None, None)] * 2  # untraced
     assert [(a["attempt"], a["outcome"], a["status_code"], a["duration_ms"], a["error"],
              a["response_excerpt"])
             for a in attempts] == [(1, "retry", 503, 40, "HTTP 503", None),
