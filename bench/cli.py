@@ -77,6 +77,10 @@ def main() -> int:
                         metavar="EVENTS_PER_S",
                         help="with --tracing: each run's paced part, events/s asked "
                              f"(default {tracing.PACED_RATE:.0f}; 0: none)")  # fmt: skip
+    parser.add_argument("--tracing-modes", default=",".join(m for m, _ in tracing.MODES),
+                        metavar="M,M",
+                        help="with --tracing: the modes run, of "
+                             f"{','.join(m for m, _ in tracing.MODES)} (default: all)")  # fmt: skip
     parser.add_argument("--tracing-before", metavar="REV",
                         help="with --tracing: the code from before tracing (default: the "
                              "parent of the commit that added [tracing]; 'none': no such "
@@ -86,9 +90,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
     if args.tracing and (args.tracing_rounds < 1 or args.tracing_seconds < 1
-                         or args.tracing_paced < 0):  # fmt: skip
-        parser.error("--tracing needs a round and a second of load at least, and a pace of 0 "
-                     "events/s or more")  # fmt: skip
+                         or args.tracing_paced < 0
+                         or not tracing.known_modes(args.tracing_modes)):  # fmt: skip
+        parser.error("--tracing needs a round and a second of load at least, a pace of 0 "
+                     "events/s or more, and modes of "
+                     f"{','.join(m for m, _ in tracing.MODES)}")  # fmt: skip
     if args.history:
         if args.history_days < 2 or args.history_rows < args.history_days:
             parser.error("--history needs 2 days or more and a delivery a day at least")

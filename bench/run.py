@@ -320,7 +320,7 @@ class Bench(Harness):
             tracing.run_tracing(self, 3.0 if quick else a.tracing_seconds,
                                 1 if quick else a.tracing_rounds,
                                 None if before == "none" else before,
-                                a.tracing_paced)  # fmt: skip
+                                a.tracing_paced, tracing.known_modes(a.tracing_modes))  # fmt: skip
             return
         if a.history:
             self.history_stages(secs, backlog, a.history_rows, a.history_days,

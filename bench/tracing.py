@@ -134,40 +134,56 @@ def migrations(src: Path) -> list[str]:
 # -- the runs --
 
 
-def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None,
-                paced: float = PACED_RATE) -> None:  # fmt: skip
-    """Every mode ``rounds`` times (``order``): each run unpaced (a stage keyed
-    ``tracing_MODE_ROUND``), then paced at ``paced`` events/s (``tracing_paced_MODE_ROUND``;
-    none when it is 0)."""
-    modes = [m for m, _ in MODES]
-    pythonpath: str | None = None
+def known_modes(text: str) -> list[str]:
+    """The modes of a comma-separated list, in ``MODES``'s order; empty when one is unknown
+    or none is given."""
+    asked = {m.strip() for m in text.split(",") if m.strip()}
+    known = [m for m, _ in MODES if m in asked]
+    return known if len(known) == len(asked) else []
+
+
+def before_code(bench: Bench, before: str | None) -> str | None:
+    """The code from before tracing (``checkout`` of ``before``) for the notifier process's
+    PYTHONPATH; None, saying why, when there is none or it would not run on the scratch
+    database."""
     if before is None:
         bench.say("tracing: no code from before tracing to compare with (--tracing-before)")
-        modes.remove("before")
-    else:
-        src, commit = checkout(before, bench.tmp / "before")
-        theirs = migrations(src)
-        if migrations(REPO / "src")[: len(theirs)] != theirs:
-            bench.say(
-                f"tracing: {before} ({commit}) has migrations this checkout does not: its "
-                f"code would not run on the scratch database; no 'before' runs"
-            )
-            modes.remove("before")
-        else:
-            # the scratch database has this checkout's schema: newer migrations only add, and
-            # notifier runs on a schema ahead of its own (with a warning), as in a rolling update
-            pythonpath = str(src)
-            bench.say(
-                f"tracing: 'before' runs the code of {commit} ({before}), on this checkout's "
-                f"schema ({len(theirs)} of its migrations known to it)"
-            )
+        return None
+    src, commit = checkout(before, bench.tmp / "before")
+    theirs = migrations(src)
+    if migrations(REPO / "src")[: len(theirs)] != theirs:
+        bench.say(
+            f"tracing: {before} ({commit}) has migrations this checkout does not: its code "
+            f"would not run on the scratch database; no 'before' runs"
+        )
+        return None
+    # the scratch database has this checkout's schema: newer migrations only add, and
+    # notifier runs on a schema ahead of its own (with a warning), as in a rolling update
+    bench.say(
+        f"tracing: 'before' runs the code of {commit} ({before}), on this checkout's schema "
+        f"({len(theirs)} of its migrations known to it)"
+    )
+    return str(src)
+
+
+def run_tracing(bench: Bench, seconds: float, rounds: int, before: str | None,
+                paced: float = PACED_RATE, modes: Sequence[str] = ()) -> None:  # fmt: skip
+    """Every mode of ``modes`` (all when empty) ``rounds`` times (``order``): each run unpaced
+    (a stage keyed ``tracing_MODE_ROUND``), then paced at ``paced`` events/s
+    (``tracing_paced_MODE_ROUND``; none when it is 0); then the spans alone (``span_costs``)
+    when a tracing mode was asked."""
+    chosen = list(modes) or [m for m, _ in MODES]
+    pythonpath: str | None = None
+    if "before" in chosen and (pythonpath := before_code(bench, before)) is None:
+        chosen.remove("before")
     bench.otlp = OtlpSink(bench.procs)
     # a first run that is not counted: the first after the database and the vhost are made is
     # slower (caches, plans, the queue's first segments), whatever its mode
     run_one(bench, "ratio1", -1, min(seconds, WARMUP_SECONDS), 0.0, None)
-    for r, mode in order(modes, rounds):
+    for r, mode in order(chosen, rounds):
         run_one(bench, mode, r, seconds, paced, pythonpath if mode == "before" else None)
-    bench.span_costs = span_costs(bench, SPAN_COST_EVENTS if rounds > 1 else 2000, 2)
+    if {"ratio0", "ratio1"} & set(chosen):
+        bench.span_costs = span_costs(bench, SPAN_COST_EVENTS if rounds > 1 else 2000, 2)
 
 
 def span_costs(bench: Bench, events: int, rounds: int) -> list[dict[str, Any]]:

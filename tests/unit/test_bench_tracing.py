@@ -10,6 +10,7 @@ import pytest
 from bench.otlp_sink import Counts, WireError, fields, span_names
 from bench.stage import Stage, Window
 from bench.tracing import (
+    known_modes,
     order,
     pooled,
     ratio,
@@ -45,6 +46,13 @@ def test_rounds_alternate_the_order_of_the_modes() -> None:
         (1, "c"), (1, "b"), (1, "a"),
         (2, "a"), (2, "b"), (2, "c"),
     ]  # fmt: skip
+
+
+def test_the_modes_asked_run_in_their_order_and_an_unknown_one_is_refused() -> None:
+    assert known_modes("off, before") == ["before", "off"]
+    assert known_modes("before,off,ratio0,ratio1") == ["before", "off", "ratio0", "ratio1"]
+    assert known_modes("off,ratio2") == []
+    assert known_modes(" , ") == []
 
 
 # -- the OTLP sink: protobuf wire format written by hand --
