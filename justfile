@@ -11,7 +11,7 @@ config := env("NOTIFIER_CONFIG", "deploy/notifier.toml")
 default:
     @just --list
 
-# create .venv and install notifier with its dev tools (quietly; again only when needed)
+# create .venv and install notifier with its dev tools, and promtool (quietly; again only when needed)
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -22,6 +22,8 @@ setup:
         {{bin}}/python -m pip install --quiet -e '.[dev]'
         touch "$stamp"
     fi
+    # promtool checks deploy/prometheus/ in the tests (tests/unit/test_dashboards.py fails without it)
+    scripts/install-promtool {{bin}} >/dev/null || echo "warning: promtool not installed (needs apt-get): the dashboard tests will fail" >&2
 
 # start Postgres and RabbitMQ if they are not running (local development machines)
 services:

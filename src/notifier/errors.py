@@ -20,6 +20,7 @@
     ├── AdapterCrash             an adapter's I/O layer raised the unexpected (a bug)
     │   ├── adapters.webhook.WebhookAdapterCrash
     │   └── adapters.telegram.TelegramAdapterCrash
+    ├── alerts.webhook.AlertNotSent  one try of an operator alert failed (the alert task retries)
     ├── adapters.webhook.resolver.ResolutionError   a host name did not resolve (an OSError too)
     └── ingest.api.http.ApiError an HTTP answer other than success, raised in a route only
 """

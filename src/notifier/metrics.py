@@ -54,6 +54,8 @@ ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
 RELAY_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+# An ingest request is a few milliseconds; a group commit waiting on a slow Postgres, seconds.
+INGEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 # Set by the parent of a launch; prometheus-client reads it when it is first imported.
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -105,6 +107,12 @@ class Metrics:
             "(401), `limited` (429: too many 401s from the client's address).",
             ["reason"], registry=r,
         )  # fmt: skip
+        self.ingest_request_duration = Histogram(
+            "notifier_ingest_request_duration_seconds",
+            "Time to answer POST /v1/events or /v1/events/batch (headers read to answer ready), "
+            "by route and HTTP status.",
+            ["route", "status"], buckets=INGEST_BUCKETS, registry=r,
+        )  # fmt: skip
         self.delivery_attempts = Counter(
             "notifier_delivery_attempts", "Delivery attempts recorded, by outcome.",
             ["channel_type", "outcome"], registry=r,
@@ -151,6 +159,20 @@ class Metrics:
             "notifier_worker_waiting",
             "Messages waiting, holding no task, for a slot of their destination's fair share.",
             ["channel_type"], registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        # Failure alerts of dead deliveries (`notifier.alerts`).
+        self.alerts_sent = Counter(
+            "notifier_alerts_sent",
+            "Alerts of dead deliveries sent, by sink: `sentry` (handed to the SDK), `webhook` "
+            "(the operator webhook answered 2xx).",
+            ["sink"], registry=r,
+        )  # fmt: skip
+        self.alerts_dropped = Counter(
+            "notifier_alerts_dropped",
+            "Alerts of dead deliveries dropped: `buffer_full` (the oldest waiting, for a newer "
+            "one), `failed` (every try of the operator webhook failed), `stopped` (after the "
+            "process began to stop).",
+            ["reason"], registry=r,
         )  # fmt: skip
         # The ingest server's connections (`notifier.ingest.connection`).
         self.ingest_connections_open = Gauge(

@@ -1,7 +1,8 @@
 """The gauges of ``/metrics`` read when it is scraped (docs/architecture.md §6, README
 *Metrics*): the outbox depth, the open deliveries, the history's days, the destinations'
-circuits (one statement to Postgres) and the broker's queue depths (cached a few seconds).
-Every process that serves ``/metrics`` reports the same global values."""
+circuits, the channels notifier disabled (one statement to Postgres), the broker's queue depths
+and consumers (cached a few seconds), and the readiness ``/readyz`` would answer. Every process
+that serves ``/metrics`` reports the same global values (readiness aside: its own)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from notifier.broker.base import QueueCounts
 from notifier.broker.topology import dead_queue, main_queue, retry_queue
 from notifier.errors import BrokerError, StoreError
 from notifier.store.rows import MetricsSnapshot
@@ -27,8 +29,9 @@ log = logging.getLogger("notifier.metrics")
 # How long the broker's queue depths are reused, so frequent scrapes do not hammer RabbitMQ.
 QUEUE_DEPTHS_CACHE_SECONDS = 5.0
 
+
 ReadSnapshot = Callable[[], Awaitable[MetricsSnapshot]]
-ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
+ReadQueueDepths = Callable[[Sequence[str]], Awaitable[Mapping[str, QueueCounts]]]
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ class ScrapeTime(Collector):
 
     def __init__(self) -> None:
         self.snapshot: MetricsSnapshot | None = None
+        self.database_up: bool | None = None  # None: not read yet
         self.broker_up: bool | None = None  # None: this process does not read the broker
         self.queue_depths: list[tuple[BrokerQueue, int]] = []
+        self.queue_consumers: list[tuple[BrokerQueue, int]] = []
+        self.ready: bool | None = None  # None: readiness is not checked here
 
     def _families(self) -> tuple[GaugeMetricFamily, ...]:
         return (
@@ -102,13 +108,42 @@ class ScrapeTime(Collector):
                 "Ready messages in a RabbitMQ queue (main, retry tier or dead-letter queue).",
                 labels=["channel_type", "queue", "kind"],
             ),
+            GaugeMetricFamily(
+                "notifier_queue_consumers",
+                "Consumers of a RabbitMQ queue (a worker group consumes its main queue only).",
+                labels=["channel_type", "queue", "kind"],
+            ),
+            GaugeMetricFamily(
+                "notifier_database_up",
+                "1 when Postgres answered the scrape's read, else 0.",
+            ),
+            GaugeMetricFamily(
+                "notifier_channels_auto_disabled",
+                "Channels disabled by notifier (their receiver said gone, or failing too long), "
+                "not by a PATCH, every tenant's (read from Postgres).",
+                labels=["channel_type"],
+            ),
+            GaugeMetricFamily(
+                "notifier_ready",
+                "1 when this process's readiness (GET /readyz: Postgres, its schema, RabbitMQ) "
+                "is ready, else 0.",
+            ),
         )
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        outbox, open_, oldest, overdue, ahead, circuits, broker_up, queues = self._families()
+        (
+            outbox, open_, oldest, overdue, ahead, circuits, broker_up, queues, consumers,
+            database_up, disabled, ready,
+        ) = self._families()  # fmt: skip
+        if self.database_up is not None:
+            database_up.add_metric([], 1.0 if self.database_up else 0.0)
+            yield database_up
+        if self.ready is not None:
+            ready.add_metric([], 1.0 if self.ready else 0.0)
+            yield ready
         if (s := self.snapshot) is not None:
             outbox.add_metric([], s.outbox_depth)
             open_.add_metric(["PENDING"], s.pending)
@@ -126,6 +161,10 @@ class ScrapeTime(Collector):
                 circuits.add_metric([channel_type, destination], CIRCUIT_STATE_VALUES[state])
             if s.circuits:
                 yield circuits
+            for channel_type, count in s.auto_disabled:
+                disabled.add_metric([channel_type], count)
+            if s.auto_disabled:
+                yield disabled
         if self.broker_up is not None:
             broker_up.add_metric([], 1.0 if self.broker_up else 0.0)
             yield broker_up
@@ -133,6 +172,10 @@ class ScrapeTime(Collector):
                 queues.add_metric([q.channel_type, q.name, q.kind], depth)
             if self.queue_depths:
                 yield queues
+            for q, count in self.queue_consumers:
+                consumers.add_metric([q.channel_type, q.name, q.kind], count)
+            if self.queue_consumers:
+                yield consumers
 
 
 class ScrapeReader:
@@ -167,6 +210,7 @@ class ScrapeReader:
         except StoreError as exc:
             log.warning("metrics: reading Postgres failed: %s", exc)
             self._gauges.snapshot = None
+        self._gauges.database_up = self._gauges.snapshot is not None
         if self._read_queue_depths is None:
             return
         async with self._lock:
@@ -178,8 +222,10 @@ class ScrapeReader:
                 log.warning("metrics: reading the queue depths failed: %s", exc)
                 self._gauges.broker_up = False
                 self._gauges.queue_depths = []
+                self._gauges.queue_consumers = []
             else:
                 self._gauges.broker_up = True
-                self._gauges.queue_depths = [(q, depths[q.name]) for q in self._queues
-                                             if q.name in depths]  # fmt: skip
+                found = [(q, depths[q.name]) for q in self._queues if q.name in depths]
+                self._gauges.queue_depths = [(q, c.messages) for q, c in found]
+                self._gauges.queue_consumers = [(q, c.consumers) for q, c in found]
             self._queues_fresh_until = trio.current_time() + self._cache_seconds

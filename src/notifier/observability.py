@@ -45,27 +45,43 @@ def setup_sentry(config: SentryConfig, **options: Any) -> bool:
 
 
 class Reporter(Protocol):
-    """Where errors worth a human's attention go (Sentry in production)."""
+    """Where errors worth a human's attention go (Sentry in production). ``contexts``: named
+    structured contexts the event carries (the ``dead_delivery`` of a failure alert,
+    ``notifier.alerts``), already free of secrets."""
 
     def report(
-        self, summary: str, *, tags: Mapping[str, str], exc: BaseException | None = None
+        self,
+        summary: str,
+        *,
+        tags: Mapping[str, str],
+        exc: BaseException | None = None,
+        contexts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None: ...
 
 
 class SentryReporter:
     """Report to Sentry with the given tags; a no-op while Sentry is not set up.
 
-    Only ids, the channel type and the attempt number travel as tags: never a channel's
-    config (it holds secrets) or an event's payload.
+    Tags are ids, types, the attempt number and a destination's origin: never a channel's
+    config (it holds secrets). The only payload that travels is a failure alert's excerpt in
+    its context, scrubbed of secret-looking keys (``notifier.alerts.context``); the SDK's own
+    scrubbing stays on over all of it.
     """
 
     def report(
-        self, summary: str, *, tags: Mapping[str, str], exc: BaseException | None = None
+        self,
+        summary: str,
+        *,
+        tags: Mapping[str, str],
+        exc: BaseException | None = None,
+        contexts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         try:
             with sentry_sdk.new_scope() as scope:
                 for key, value in tags.items():
                     scope.set_tag(key, value)
+                for name, context in (contexts or {}).items():
+                    scope.set_context(name, dict(context))
                 scope.set_extra("summary", summary)
                 if exc is not None:
                     scope.capture_exception(exc)

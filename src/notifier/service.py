@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import signal
 from collections.abc import Iterable, Mapping
 
@@ -13,6 +14,7 @@ import trio
 from notifier.adapters.base import Adapter, ChannelValidator
 from notifier.adapters.registry import build_adapters
 from notifier.adapters.specs import build_validators
+from notifier.alerts import Alerts, open_alerts
 from notifier.broker import amqp
 from notifier.broker.topology import build_topology
 from notifier.config import Config
@@ -95,6 +97,8 @@ async def run(
     """
     roles = set(roles)
     stop = stop or Stop()
+    # a reporter given (a test's) or Sentry configured: dead deliveries' alerts go to it too
+    sentry_on = reporter is not None or bool(config.sentry.dsn)
     reporter = reporter if reporter is not None else SentryReporter()
     supervised = functools.partial(supervise, reporter=reporter)
     overrides = dict(adapters or {})
@@ -119,6 +123,15 @@ async def run(
             root.start_soon(_stop_on_signals, stop, root.cancel_scope)
             root.start_soon(_bound_shutdown, stop, root.cancel_scope, grace)
             root.start_soon(run_process_metrics, metrics)
+            alerts: Alerts | None = None
+            if "workers" in roles:
+                # Failure alerts of dead deliveries: a task of their own, beside the services,
+                # so the deliveries that die while the workers drain are still told.
+                alerts = open_alerts(
+                    config.alerts, store, os.environ if environ is None else environ,
+                    reporter=reporter if sentry_on else None, metrics=metrics,
+                )  # fmt: skip
+                await root.start(alerts.run)
             binds: list[str] = []
             async with contextlib.AsyncExitStack() as owned, trio.open_nursery() as services:
                 if "ingest" in roles:
@@ -178,6 +191,7 @@ async def run(
                         group = functools.partial(
                             run_worker_group, channel_type, config, workers, store,
                             adapters[channel_type], stop, reporter=reporter, metrics=metrics,
+                            alerts=alerts,
                             tracing=tracing,
                         )  # fmt: skip
                         await services.start(supervised, f"workers.{channel_type}", group, stop)
@@ -189,6 +203,8 @@ async def run(
                 log.info("notifier running: roles %s%s", ",".join(sorted(roles)),
                          f", listening on {' '.join(binds)}" if binds else "")  # fmt: skip
                 task_status.started(binds)
+            if alerts is not None:  # the last alerts get one try each, within the grace
+                await alerts.drain(config.alerts.timeout_seconds)
             root.cancel_scope.cancel()  # every service has stopped: end the signal watcher
         for adapter in {id(a): a for a in [*built.values(), *adapters.values()]}.values():
             await adapter.aclose()

@@ -48,6 +48,8 @@ def parse_traceparent(value: object) -> str | None:
     ``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, lowercase, ids not all zeros;
     a later version (not ``ff``) may carry more fields after these, which are dropped."""
     if isinstance(value, bytes):
+        if len(value) > 512:
+            return None
         try:
             value = value.decode("ascii")
         except UnicodeDecodeError:
@@ -158,14 +160,15 @@ class Tracing:
         when the block ends, failed when it raises."""
         span = self.start(name, parent, kind=kind, attributes=attributes, new_trace=new_trace)
         token = _current.set(span)
+        error: BaseException | None = None
         try:
             yield span
         except BaseException as exc:
-            span.end(exc)
+            error = exc
             raise
         finally:
             _current.reset(token)
-            span.end()
+            span.end(error)
 
     def shutdown(self, timeout_seconds: float) -> None:
         """Blocking. Send the spans not sent yet and stop the exporter, within about

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from notifier.config import Config, parse_config
 from notifier.testing import open_sink
 from tests.chaos.harness import free_port
-from tests.integration.conftest import create_tenant, make_config, poll, run_notifier
+from tests.integration.conftest import create_tenant, make_config, poll, run_notifier, sql
 
 N = 3
 WEBHOOK = {"channel_type": "webhook"}
@@ -98,6 +98,39 @@ async def test_metrics_after_events_are_delivered(config: Config, database_url: 
     assert get(got, "notifier_queue_messages", **DEAD) == 0
     tiers = [k for k in got if k[0] == "notifier_queue_messages" and ("kind", "retry") in k[1]]
     assert len(tiers) == len(config.retry.tiers_seconds)  # one series per delay tier
+    # the worker group consumes its work queue; nothing consumes a tier or the dead letters
+    assert get(got, "notifier_queue_consumers", **MAIN) == 1
+    assert get(got, "notifier_queue_consumers", **DEAD) == 0
+    assert get(got, "notifier_ready") == 1
+    assert get(got, "notifier_database_up") == 1
+    timed = {"route": "/v1/events", "status": "202"}
+    assert get(got, "notifier_ingest_request_duration_seconds_count", **timed) == N
+    assert not [k for k in got if k[0] == "notifier_channels_auto_disabled"]
+
+
+async def test_channels_notifier_disabled_are_counted_by_type_and_a_patch_is_not(
+    config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+        ids = []
+        for n in range(3):
+            url = f"https://receiver-{n}.example/hook"
+            ch = await api.post("/v1/channels", json={"type": "webhook", "config": {"url": url}})
+            assert ch.status_code == 201, ch.text
+            ids.append(ch.json()["id"])
+        # one disabled by a worker (its receiver answered 410), one by a PATCH
+        await sql(
+            database_url,
+            "UPDATE channels SET enabled = false, disabled_at = now(), "
+            "disabled_reason = 'the receiver answered 410 Gone' WHERE id = $1",
+            ids[0],
+        )
+        patched = await api.patch(f"/v1/channels/{ids[1]}", json={"enabled": False})
+        assert patched.status_code == 200, patched.text
+        got = await scrape(api)
+
+    assert get(got, "notifier_channels_auto_disabled", **WEBHOOK) == 1
 
 
 async def test_without_workers_the_queue_fills_and_open_deliveries_are_reported(
@@ -128,6 +161,7 @@ async def test_without_workers_the_queue_fills_and_open_deliveries_are_reported(
     assert age >= 0
     assert get(got, "notifier_relay_rows_published_total") == N
     assert get(got, "notifier_queue_messages", **DEAD) == 0
+    assert get(got, "notifier_queue_consumers", **MAIN) == 0  # no worker group consumes it
     # no worker group in this process: no attempt series
     assert not [k for k in got if k[0] == "notifier_delivery_attempts_total"]
 
@@ -162,7 +196,10 @@ async def test_an_unreachable_broker_is_broker_up_zero(database_url: str) -> Non
 
     assert get(got, "notifier_broker_up") == 0
     assert not [k for k in got if k[0] == "notifier_queue_messages"]
+    assert not [k for k in got if k[0] == "notifier_queue_consumers"]
     assert get(got, "notifier_outbox_depth") == 0  # Postgres is still read
+    assert get(got, "notifier_database_up") == 1
+    assert get(got, "notifier_ready") == 0  # /readyz would say unavailable: RabbitMQ
 
 
 TOKEN = "scrape-token-0123456789abcdef"

@@ -212,7 +212,7 @@ async def test_no_secret_is_logged_stored_or_reported_over_a_full_run(
 
     assert len(reporter.reports) >= 3  # a DEAD report per type at least
     reported = (
-        f"{r.summary} {r.tags} {r.exc!r} "
+        f"{r.summary} {r.tags} {r.exc!r} {r.contexts} "  # a dead delivery's alert context too
         + ("".join(traceback.format_exception(r.exc)) if r.exc else "")
         for r in reporter.reports
     )
@@ -294,5 +294,5 @@ async def test_a_stored_header_that_cannot_be_sent_kills_its_deliveries_and_leak
     secrets = {"stale header value": STALE_TOKEN}
     assert leaks(record_texts(records), secrets) == []
     assert leaks((str(v) for r in rows for v in r), secrets) == []
-    reported = (f"{r.summary} {r.tags} {r.exc!r}" for r in reporter.reports)
+    reported = (f"{r.summary} {r.tags} {r.exc!r} {r.contexts}" for r in reporter.reports)
     assert leaks(reported, secrets) == []

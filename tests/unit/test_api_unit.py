@@ -543,6 +543,23 @@ async def test_readyz_reports_the_schema_and_is_503_unless_migrated(
         assert "run `notifier migrate`" in answer.body["checks"]["schema"]
 
 
+@pytest.mark.parametrize(
+    ("applied", "unavailable", "ready"),
+    [(range(1, LATEST + 1), False, 1.0), (range(1, LATEST), False, 0.0),
+     (range(1, LATEST + 1), True, 0.0)],
+)  # fmt: skip
+async def test_metrics_report_the_readiness_of_readyz(
+    api: Api, applied: range, unavailable: bool, ready: float
+) -> None:
+    api.store.schema = SchemaState(frozenset(applied))
+    api.store.unavailable = unavailable
+    resp = await api.client.get("/metrics")
+    assert resp.status_code == 200
+    text = (await resp.get_data()).decode()
+    assert f"\nnotifier_ready {ready}\n" in text
+    assert f"\nnotifier_database_up {0.0 if unavailable else 1.0}\n" in text
+
+
 async def test_readyz_without_the_database_has_no_schema(api: Api) -> None:
     api.store.unavailable = True
     answer = await api.call("GET", "/readyz", key=None)

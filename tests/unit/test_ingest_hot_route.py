@@ -22,6 +22,7 @@ from notifier.config import parse_config
 from notifier.ingest.api.hot import IngestRoutes, ingest_routes
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
+from notifier.metrics import Metrics
 from notifier.store.rows import NewEvent
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
@@ -337,3 +338,27 @@ async def test_other_scopes_go_on_to_quart() -> None:
     app, _ = await make_app(hot=True)
     health = await exchange(app, Request("GET", "/healthz"))
     assert status(health) == 200
+
+
+async def test_each_answer_is_timed_by_route_and_status() -> None:
+    store = MemoryApiStore()
+    await store.create_tenant("a", hash_api_key("key-a"))
+    config = parse_config({"workers": {"webhook": {}}}, env={})
+    metrics = Metrics()
+    app = ingest_routes(
+        create_app(store, config, {"webhook": RecordingAdapter("webhook")}, metrics=metrics)
+    )
+    for request in (post(), post(), post(auth=None), post("/v1/events/batch", {"events": [EVENT]})):
+        await exchange(app, request)
+
+    def count(route: str, status: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "notifier_ingest_request_duration_seconds_count", {"route": route, "status": status}
+        )
+
+    assert count("/v1/events", "202") == 2
+    assert count("/v1/events", "401") == 1
+    assert count("/v1/events/batch", "202") == 1
+    # other routes go to quart untimed
+    await exchange(app, Request("GET", "/healthz"))
+    assert count("/healthz", "200") is None

@@ -12,11 +12,13 @@ import trio
 
 from notifier.config import TracingConfig, parse_config
 from notifier.ingest.api.hot import ingest_routes
+from notifier.ingest.api.http import ApiError
 from notifier.ingest.app import create_app
 from notifier.ingest.tenants import hash_api_key
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
 from notifier.testing.otlp import open_otlp_receiver
+from notifier.testing.tracing import RecordingTracing
 from notifier.tracing import NO_TRACING, Tracing, setup_tracing
 from tests.unit.test_ingest_hot_route import EVENT, exchange, post
 
@@ -96,3 +98,16 @@ async def test_with_tracing_on_the_event_keeps_its_ingest_span(hot: bool) -> Non
     other = by_id[root[36:52]]
     assert other.parent_span_id is None
     assert other.trace_id != TRACE
+
+
+@pytest.mark.parametrize("hot", [True, False])
+async def test_a_refused_event_ends_its_ingest_span_failed(hot: bool) -> None:
+    tracing = RecordingTracing()
+    app, store = await app_and_store(hot=hot, tracing=tracing)
+    answer = await exchange(app, post(extra=[("traceparent", GOOD), ("idempotency-key", " x")]))
+    assert answer is not None
+    assert answer.status == 422
+    (span,) = tracing.spans
+    assert (span.name, span.parent, span.ended) == ("notifier.ingest", GOOD, 1)
+    assert isinstance(span.error, ApiError)
+    assert store.events == {}

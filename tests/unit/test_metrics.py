@@ -12,7 +12,7 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from notifier.adapters.base import Receipt
-from notifier.broker.base import Incoming, Settle
+from notifier.broker.base import Incoming, QueueCounts, Settle
 from notifier.broker.topology import build_topology
 from notifier.errors import BrokerError, PermanentError, RetriableError, StoreUnavailable
 from notifier.messages import WorkerMessage, encode_message
@@ -123,8 +123,27 @@ def test_scrape_time_series_that_were_not_read_are_left_out() -> None:
         "notifier_oldest_open_delivery_age_seconds",
         "notifier_broker_up",
         "notifier_queue_messages",
+        "notifier_queue_consumers",
+        "notifier_database_up",
+        "notifier_channels_auto_disabled",
+        "notifier_ready",
     ):
         assert name not in got
+
+
+def test_auto_disabled_channels_and_readiness_are_rendered() -> None:
+    m = Metrics()
+    m.scrape_time.snapshot = MetricsSnapshot(
+        outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None,
+        auto_disabled=(("email", 1), ("webhook", 3)),
+    )  # fmt: skip
+    m.scrape_time.ready = False
+    got = families(m)
+    assert got["notifier_channels_auto_disabled"] == [
+        ("notifier_channels_auto_disabled", {"channel_type": "email"}, 1.0),
+        ("notifier_channels_auto_disabled", {"channel_type": "webhook"}, 3.0),
+    ]
+    assert got["notifier_ready"] == [("notifier_ready", {}, 0.0)]
 
 
 def test_an_unreachable_broker_is_broker_up_zero_without_queue_series() -> None:
@@ -371,7 +390,10 @@ class Sources:
         self.queue_reads: list[list[str]] = []
         self.store_down = False
         self.broker_down = False
-        self.depths = {"deliveries.webhook": 7, "deliveries.webhook.dead": 1}  # no tier queue
+        self.depths = {  # no tier queue
+            "deliveries.webhook": QueueCounts(7, 2),
+            "deliveries.webhook.dead": QueueCounts(1, 0),
+        }
 
     async def read_snapshot(self) -> MetricsSnapshot:
         await trio.lowlevel.checkpoint()
@@ -380,7 +402,7 @@ class Sources:
             raise StoreUnavailable("Postgres unavailable")
         return SNAPSHOT
 
-    async def read_queue_depths(self, names: Sequence[str]) -> Mapping[str, int]:
+    async def read_queue_depths(self, names: Sequence[str]) -> Mapping[str, QueueCounts]:
         await trio.lowlevel.checkpoint()
         self.queue_reads.append(list(names))
         if self.broker_down:
@@ -390,6 +412,10 @@ class Sources:
 
 def queue_series(m: Metrics) -> dict[str, float]:
     return {s[1]["queue"]: s[2] for s in families(m).get("notifier_queue_messages", [])}
+
+
+def consumer_series(m: Metrics) -> dict[str, float]:
+    return {s[1]["queue"]: s[2] for s in families(m).get("notifier_queue_consumers", [])}
 
 
 async def test_every_scrape_reads_postgres_and_the_broker_at_most_every_few_seconds(
@@ -402,20 +428,23 @@ async def test_every_scrape_reads_postgres_and_the_broker_at_most_every_few_seco
 
     await reader.refresh()
     await trio.sleep(4)
-    sources.depths = {"deliveries.webhook": 8}
+    sources.depths = {"deliveries.webhook": QueueCounts(8, 0)}
     await reader.refresh()  # the broker's answer is still fresh
 
     assert sources.snapshot_reads == 2
     assert sources.queue_reads == [[q.name for q in QUEUES]]
     assert queue_series(m) == {"deliveries.webhook": 7.0, "deliveries.webhook.dead": 1.0}
+    assert consumer_series(m) == {"deliveries.webhook": 2.0, "deliveries.webhook.dead": 0.0}
     assert value(m, "notifier_outbox_depth") == 1.0
     assert value(m, "notifier_broker_up") == 1.0
+    assert value(m, "notifier_database_up") == 1.0
 
     await trio.sleep(1)
     await reader.refresh()
 
     assert len(sources.queue_reads) == 2
     assert queue_series(m) == {"deliveries.webhook": 8.0}
+    assert consumer_series(m) == {"deliveries.webhook": 0.0}
 
 
 async def test_concurrent_scrapes_read_the_broker_once(mock_clock: trio.testing.MockClock) -> None:
@@ -445,7 +474,9 @@ async def test_sources_that_fail_leave_their_series_out(
     assert "notifier_outbox_depth" not in got
     assert "notifier_open_deliveries" not in got
     assert "notifier_queue_messages" not in got
+    assert "notifier_queue_consumers" not in got
     assert got["notifier_broker_up"] == [("notifier_broker_up", {}, 0.0)]
+    assert got["notifier_database_up"] == [("notifier_database_up", {}, 0.0)]
 
 
 async def test_without_a_broker_reader_no_broker_series_are_served() -> None:

@@ -1,5 +1,7 @@
 """Sentry through the real sentry-sdk, with a transport that keeps envelopes instead of sending
-them: a dead delivery reports one event carrying its ids, and no secret leaves the process."""
+them: a dead delivery reports one event carrying its ids, and no secret leaves the process; with
+failure alerts, that event carries the delivery's context and a payload excerpt scrubbed of
+secrets."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import sentry_sdk
+import trio
 from sentry_sdk.envelope import Envelope
 from sentry_sdk.transport import Transport
 
+from notifier.alerts import Alerts
 from notifier.broker.base import Incoming, Settle
-from notifier.config import SentryConfig
+from notifier.config import AlertsConfig, SentryConfig
 from notifier.errors import PermanentError
 from notifier.messages import WorkerMessage, encode_message
 from notifier.observability import SentryReporter, setup_sentry
@@ -128,3 +132,52 @@ async def test_http_requests_leave_no_breadcrumb_with_their_url(
 
     (envelope,) = transport.envelopes
     assert "SECRET-TOKEN" not in envelope.serialize().decode()
+
+
+async def test_a_dead_deliverys_alert_carries_its_context_with_the_payload_scrubbed(
+    transport: KeepingTransport,
+) -> None:
+    # The same handler as above, with failure alerts: the Sentry event of the dead delivery is
+    # the alert's, built from the store's attempt rows, with tags and a dead_delivery context.
+    message = worker_message(
+        channel_config={"url": "https://user:pw@example.com/hook/PATHTOKEN?k=1", "secret": SECRET},
+        payload={"note": PAYLOAD_MARKER, "password": "hunter2-must-not-leave"},
+    )
+    store = MemoryDeliveries()
+    store.add(message.delivery_id)
+    store.channel_names[message.channel_id] = "orders hook"
+    alerts = Alerts(AlertsConfig(), store, reporter=SentryReporter())
+    handler = Handler(
+        store, RecordingAdapter("webhook", PermanentError("HTTP 404: gone", status_code=404)),
+        MemoryBroker().publish, timeout_seconds=5, policy=RetryPolicy(),
+        observer=outcome_observers(
+            "webhook", reporter=SentryReporter(), metrics=None, alerts=alerts
+        ),
+    )  # fmt: skip
+    sink = SettleRecorder()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(alerts.run)
+        await handler.handle(
+            Incoming(encode_message(message), str(message.delivery_id), 1, False, sink)
+        )
+        await alerts.drain(10)
+    sentry_sdk.flush()
+
+    assert sink.settled == [Settle.REJECT]  # the alert changed nothing of the settlement
+    (envelope,) = transport.envelopes  # one event: the alert's, not a second bare one
+    event = envelope.get_event()
+    assert event is not None
+    tags = event["tags"]
+    assert (tags["event_type"], tags["channel_type"]) == ("order.created", "webhook")
+    assert tags["destination"] == "https://example.com:443"
+    assert tags["delivery_id"] == str(message.delivery_id)
+    context = event["contexts"]["dead_delivery"]
+    assert context["channel_name"] == "orders hook"
+    assert context["delivery_id"] == str(message.delivery_id)
+    assert [(a["attempt"], a["outcome"], a["status_code"]) for a in context["attempts"]] == [
+        (1, "dead", 404)
+    ]
+    assert PAYLOAD_MARKER in context["payload_excerpt"]  # the excerpt travels ...
+    raw = envelope.serialize().decode()
+    for secret in (SECRET, "hunter2-must-not-leave", "PATHTOKEN", "user:pw"):
+        assert secret not in raw  # ... its secrets do not

@@ -177,3 +177,16 @@ def test_json_lines_inside_a_span_carry_its_ids() -> None:
     # tracing off: the trace the event came with, and no span of notifier's own
     assert carried["trace_id"] == TRACE
     assert "span_id" not in carried
+
+
+async def test_the_last_flush_is_bounded_when_the_receiver_is_down() -> None:
+    # Nothing listens there: the exporter retries with backoff until the flush's time is up.
+    tracing = setup_tracing(
+        TracingConfig(otlp_endpoint="http://127.0.0.1:9", export_timeout_seconds=30)
+    )
+    with tracing.span("notifier.ingest", None):
+        pass
+    started = trio.current_time()
+    with trio.fail_after(5):
+        await trio.to_thread.run_sync(tracing.shutdown, 0.5)
+    assert trio.current_time() - started < 2.0

@@ -20,6 +20,7 @@ from notifier.bridge import aio, open_bridge
 from notifier.broker.amqp_base import broker_errors, close_quietly, wait_closing
 from notifier.broker.amqp_consumer import Consumer
 from notifier.broker.amqp_publisher import AmqpPublisher
+from notifier.broker.base import QueueCounts
 from notifier.broker.nodes import CHOOSER, BrokerUrls, node_address, node_urls
 from notifier.broker.topology import Topology
 from notifier.errors import BrokerError
@@ -239,11 +240,11 @@ async def probe(url: BrokerUrls, *, timeout_seconds: float = 3.0) -> None:
 
 async def queue_depths(
     url: BrokerUrls, queues: Sequence[str], *, timeout_seconds: float = 3.0
-) -> dict[str, int]:
-    """Trio-flavoured. The number of ready messages in each of ``queues``, read with passive
-    declares on a short connection of its own (for the metrics endpoint). A queue that does not
-    exist (its topology was not declared yet) is left out. Raise ``BrokerError`` when RabbitMQ
-    is unreachable or has not answered within ``timeout_seconds``."""
+) -> dict[str, QueueCounts]:
+    """Trio-flavoured. The number of ready messages and of consumers of each of ``queues``,
+    read with passive declares on a short connection of its own (for the metrics endpoint). A
+    queue that does not exist (its topology was not declared yet) is left out. Raise
+    ``BrokerError`` when RabbitMQ is unreachable or has not answered within ``timeout_seconds``."""
     with trio.move_on_after(timeout_seconds):
         async with open_connection(
             url,
@@ -258,10 +259,10 @@ async def queue_depths(
 
 async def _queue_depths_aio(
     conn: aiormq.abc.AbstractConnection, queues: Sequence[str]
-) -> dict[str, int]:
+) -> dict[str, QueueCounts]:
     """Asyncio-flavoured: passive-declare each queue, on one channel while they exist (a
     missing queue closes the channel: the next one gets a new channel)."""
-    depths: dict[str, int] = {}
+    depths: dict[str, QueueCounts] = {}
     ch = await conn.channel()
     try:
         for name in queues:
@@ -270,7 +271,7 @@ async def _queue_depths_aio(
             except aiormq.exceptions.ChannelNotFoundEntity:
                 ch = await conn.channel()
                 continue
-            depths[name] = ok.message_count or 0
+            depths[name] = QueueCounts(ok.message_count or 0, ok.consumer_count or 0)
     finally:
         if not ch.is_closed:
             await ch.close()

@@ -23,6 +23,13 @@ class Outgoing(NamedTuple):
     properties: Mapping[str, Any] | None = None
 
 
+class QueueCounts(NamedTuple):
+    """What a passive declare says of a queue (``amqp.queue_depths``, for ``/metrics``)."""
+
+    messages: int  # ready messages (not those a consumer holds)
+    consumers: int
+
+
 class Confirm(enum.Enum):
     CONFIRMED = "confirmed"  # the broker took responsibility for the message
     RETURNED = "returned"  # mandatory publish with no queue to route to

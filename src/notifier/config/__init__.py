@@ -3,7 +3,8 @@
 Unknown keys and wrong types are refused with the key's dotted path in the message. Database and
 broker URLs and the Sentry DSN can be overridden from the environment, so secrets need not live in
 the file: ``NOTIFIER_DATABASE_URL``, ``NOTIFIER_DATABASE_LISTEN_URL``, ``NOTIFIER_BROKER_URL``
-(the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``, ``NOTIFIER_OTLP_ENDPOINT``.
+(the nodes of a cluster separated by commas), ``NOTIFIER_SENTRY_DSN``,
+``NOTIFIER_ALERTS_DEAD_WEBHOOK_URL``, ``NOTIFIER_OTLP_ENDPOINT``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from notifier.config.alerts import AlertsConfig, alert_secret
 from notifier.config.base import (
     CONSUMER_TIMEOUT_BUDGET_SECONDS,
     MIN_RATE_PER_SECOND,
@@ -77,6 +79,7 @@ __all__ = [
     "ENV_OVERRIDES",
     "MIN_METRICS_TOKEN_CHARS",
     "MIN_RATE_PER_SECOND",
+    "AlertsConfig",
     "AmqpIngestConfig",
     "BrokerConfig",
     "ChannelHealthConfig",
@@ -102,6 +105,7 @@ __all__ = [
     "WebhookWorkersConfig",
     "WorkerGroupConfig",
     "WorkersConfig",
+    "alert_secret",
     "amqp_url_problem",
     "available_cores",
     "cpu_quota_cores",
@@ -122,6 +126,7 @@ ENV_OVERRIDES = {
     "NOTIFIER_DATABASE_LISTEN_URL": ("database", "listen_url"),
     "NOTIFIER_BROKER_URL": ("broker", "url"),
     "NOTIFIER_SENTRY_DSN": ("sentry", "dsn"),
+    "NOTIFIER_ALERTS_DEAD_WEBHOOK_URL": ("alerts", "dead_webhook_url"),
     "NOTIFIER_OTLP_ENDPOINT": ("tracing", "otlp_endpoint"),
 }
 
@@ -149,6 +154,7 @@ class Config(Section, frozen=True):
     maintenance: MaintenanceConfig = msgspec.field(default_factory=MaintenanceConfig)
     amqp_ingest: AmqpIngestConfig = msgspec.field(default_factory=AmqpIngestConfig)
     sentry: SentryConfig = msgspec.field(default_factory=SentryConfig)
+    alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
 
@@ -187,6 +193,7 @@ def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
         if (dsn := getattr(config.database, key)) and (problem := postgres_url_problem(dsn)):
             raise ConfigError(f"database.{key}: {problem}")
     metrics_token(config.ingest, env if env is not None else os.environ)  # set, it must do
+    alert_secret(config.alerts, env if env is not None else os.environ)  # likewise
     nodes = config.broker.url
     for i, url in enumerate((nodes,) if isinstance(nodes, str) else nodes):
         if problem := amqp_url_problem(url):

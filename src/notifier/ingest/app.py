@@ -7,6 +7,7 @@ Nothing here starts background work: a request writes its rows and returns.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -78,7 +79,7 @@ def create_app(
         meters, read_snapshot,
         broker_queues(config.workers.enabled(), config.retry.tiers_seconds), read_queue_depths,
     )  # fmt: skip
-    install(app, ApiContext(
+    ctx = ApiContext(
         store=store, config=config, validators=validators, max_attempts=max_attempts,
         tenants=tenants_by_key_hash(store, tenant_caches or TenantCaches()),
         commit=GroupCommit(
@@ -95,7 +96,8 @@ def create_app(
             default_page=DEFAULT_PAGE,
         )),
         tracing=tracing,
-    ))  # fmt: skip
+    )  # fmt: skip
+    install(app, ctx)
     install_error_handlers(app)
     for group in ROUTE_GROUPS:
         app.register_blueprint(group.routes)
@@ -104,5 +106,11 @@ def create_app(
         metrics=meters, scrape=scrape,
         token=metrics_token(config.ingest, os.environ if environ is None else environ),
         served_here=not config.ingest.metrics_bind,
+        readiness=functools.partial(ready, ctx),
     ))  # fmt: skip
     return app
+
+
+async def ready(ctx: ApiContext) -> bool:
+    """Trio-flavoured. What ``/readyz`` would answer now, as a bool."""
+    return (await health.check_readiness(ctx)).ready

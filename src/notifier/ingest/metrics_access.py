@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+import trio
 from quart import Blueprint, Quart, Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import NotFound
@@ -44,6 +45,8 @@ class MetricsEndpoint:
     scrape: ScrapeReader
     token: str | None  # the bearer token a scrape must present; None: none asked for
     served_here: bool = True  # False: the ingest app of a process with ``ingest.metrics_bind``
+    # this process's readiness (``/readyz``'s checks), for ``notifier_ready``; None: not reported
+    readiness: Callable[[], Awaitable[bool]] | None = None
 
 
 def install_metrics(app: Quart, endpoint: MetricsEndpoint) -> None:
@@ -88,8 +91,16 @@ async def prometheus_metrics() -> Response:
         raise NotFound()  # as any path the app does not serve
     if endpoint.token is not None:
         check_bearer(request.headers.getlist("Authorization"), endpoint.token)
-    await endpoint.scrape.refresh()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(endpoint.scrape.refresh)
+        if endpoint.readiness is not None:
+            nursery.start_soon(_refresh_readiness, endpoint)
     return Response(endpoint.metrics.render(), content_type=CONTENT_TYPE)
+
+
+async def _refresh_readiness(endpoint: MetricsEndpoint) -> None:
+    assert endpoint.readiness is not None
+    endpoint.metrics.scrape_time.ready = await endpoint.readiness()
 
 
 def open_metrics_listeners(bind: str, environ: Mapping[str, str] = os.environ) -> Listeners:

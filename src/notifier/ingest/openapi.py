@@ -211,6 +211,14 @@ def _event_paths() -> dict[str, Any]:
         "schema": {"type": "string", "minLength": 1, "maxLength": 255,
                    "pattern": IDEMPOTENCY_HEADER_PATTERN},
     }  # fmt: skip
+    traceparent = {
+        "name": "traceparent", "in": "header", "required": False,
+        "description": "The W3C trace context of the caller "
+        "(`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`): kept with the events and "
+        "sent on to the receivers (README, Tracing). A value out of shape, or the header given "
+        "twice, is ignored, never refused.",
+        "schema": {"type": "string"},
+    }  # fmt: skip
     deliveries = {
         "operationId": "listDeliveries", "parameters": {"query.event_id": "$response.body#/id"},
         "description": "The event's deliveries.",
@@ -238,7 +246,8 @@ def _event_paths() -> dict[str, Any]:
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
             description="Fans out to the tenant's enabled channels whose recipient and "
             "event types match (or exactly to `channel_ids`), in one transaction.",
-            parameters=[idempotency_key], body=ref(EventIn), example=EXAMPLE_EVENT,
+            parameters=[idempotency_key, traceparent], body=ref(EventIn),
+            example=EXAMPLE_EVENT,
         ),
     },
     "/v1/events/batch": {
@@ -248,7 +257,7 @@ def _event_paths() -> dict[str, Any]:
              "202": answer("Stored.", EventBatch, links=batch_links),
              **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
             description="One conflicting idempotency key fails the whole batch (409).",
-            body=ref(BatchIn), example={"events": [EXAMPLE_EVENT]},
+            parameters=[traceparent], body=ref(BatchIn), example={"events": [EXAMPLE_EVENT]},
         ),
     },
     "/v1/events/{event_id}": {

@@ -117,8 +117,8 @@ class AdminQueries(Queries):
     @crossing
     async def metrics_snapshot(self, retention_days: int = 0) -> MetricsSnapshot:
         """The scrape-time gauges (outbox depth, open deliveries, the history's days,
-        circuits) in one statement; days of history older than ``retention_days`` (0: none)
-        are overdue."""
+        circuits, channels notifier disabled) in one statement; days of history older than
+        ``retention_days`` (0: none) are overdue."""
         row = await self._pool.fetchrow(Q["metrics_snapshot"], retention_days)
         assert row is not None
         return MetricsSnapshot(
@@ -127,4 +127,5 @@ class AdminQueries(Queries):
             oldest_open_age_seconds=row["oldest_open_age_seconds"],
             circuits=tuple(zip(row["circuit_types"], row["circuit_destinations"],
                                row["circuit_states"], strict=True)),
+            auto_disabled=tuple(zip(row["disabled_types"], row["disabled_counts"], strict=True)),
         )  # fmt: skip

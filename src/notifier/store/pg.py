@@ -3,9 +3,9 @@ asyncpg pool on the bridge loop, and ``open_store`` to open it.
 
 Each role's queries live in a module of their own (``admin``, ``channels``, ``events``,
 ``expunge``, ``deliveries``, ``attempts``, ``outbox``, ``maintenance``, ``ratelimits``,
-``circuits``, ``console``, ``console_sessions``); what they share (the named SQL, the one
-bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors in
-``errors``.
+``circuits``, ``console``, ``console_sessions``, ``alerts``); what they share (the named SQL, the
+one bridge crossing, the error mapping) in ``base``, the bounded pool in ``pool``; its errors
+in ``errors``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import trio
 
 from notifier.bridge import aio, open_bridge
 from notifier.store.admin import AdminQueries
+from notifier.store.alerts import AlertQueries
 from notifier.store.attempts import AttemptQueries
 from notifier.store.channels import ChannelQueries
 from notifier.store.circuits import CircuitQueries
@@ -44,6 +45,7 @@ class Store(
     CircuitQueries,
     ConsoleQueries,
     ConsoleSessionQueries,
+    AlertQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""
 

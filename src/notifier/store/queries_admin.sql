@@ -26,6 +26,8 @@ UPDATE tenants SET enabled = $2 WHERE name = $1 RETURNING id;
 -- or changed in the last 10 minutes (so a closing shows as a 0), at most 500, the open first:
 -- the series stay few. And the history's days: how many ended more than $1 days ago (the
 -- retention; 0: off) and are still there, and how far ahead of now the partitions reach.
+-- And the channels notifier disabled (a reason other than a PATCH's), by type: a scan of
+-- channels, a small table next to the deliveries.
 SELECT
     (SELECT count(*) FROM outbox) AS outbox_depth,
     h.days_overdue,
@@ -35,7 +37,9 @@ SELECT
     d.oldest_open_age_seconds,
     c.circuit_types,
     c.circuit_destinations,
-    c.circuit_states
+    c.circuit_states,
+    x.disabled_types,
+    x.disabled_counts
 FROM (
     SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending,
            count(*) FILTER (WHERE status = 'RETRYING') AS retrying,
@@ -57,4 +61,12 @@ FROM (
         ORDER BY state = 'closed', changed_at DESC
         LIMIT 500
     ) AS recent
-) AS c;
+) AS c, (
+    SELECT coalesce(array_agg(type ORDER BY type), '{}') AS disabled_types,
+           coalesce(array_agg(n ORDER BY type), '{}') AS disabled_counts
+    FROM (
+        SELECT type, count(*) AS n FROM channels
+        WHERE NOT enabled AND disabled_reason <> 'disabled through the API'
+        GROUP BY type
+    ) AS auto_disabled
+) AS x;

@@ -171,6 +171,8 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     history_ahead_seconds: float = 0.0
     # (channel type, destination, state) of the circuits not closed or changed lately
     circuits: tuple[tuple[str, str, str], ...] = ()
+    # (channel type, how many) of the channels notifier disabled (not a PATCH), where any
+    auto_disabled: tuple[tuple[str, int], ...] = ()
 
 
 class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -190,3 +192,22 @@ class DestinationCircuit(msgspec.Struct, frozen=True, kw_only=True):
     consecutive_failures: int = 0
     opened_at: datetime | None = None
     next_probe_at: datetime | None = None  # half-open: when the probe's lease ends
+
+
+class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt of a dead delivery, as a failure alert lists it (``notifier.alerts``)."""
+
+    attempt: int
+    started_at: datetime
+    outcome: str
+    status_code: int | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+
+
+class DeadHistory(msgspec.Struct, frozen=True, kw_only=True):
+    """What the store tells of a dead delivery: its channel's name (None when the channel was
+    deleted) and its latest attempts, newest first."""
+
+    channel_name: str | None = None
+    attempts: tuple[AttemptRow, ...] = ()

@@ -14,6 +14,9 @@
 - ``RecordingObserver``: the worker's outcome observer, keeping every outcome it is told.
 - ``SettleRecorder``: where a consumed message is settled, keeping each settlement.
 
+Tracing: ``notifier.testing.otlp`` is a local OTLP/HTTP receiver that keeps the spans it is
+sent; ``notifier.testing.tracing.RecordingTracing`` is tracing on, in memory.
+
 The HTTP API's store in memory is ``notifier.testing.api.MemoryApiStore`` (its state in
 ``testing.api_state``, its deliveries' part in ``testing.api_deliveries``).
 

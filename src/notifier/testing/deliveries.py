@@ -12,6 +12,8 @@ from notifier.errors import StoreUnavailable
 from notifier.store.rows import (
     TERMINAL_STATUSES,
     AttemptRecord,
+    AttemptRow,
+    DeadHistory,
     DeliveryState,
 )
 
@@ -30,6 +32,7 @@ class MemoryDeliveries:
         self.states: dict[uuid.UUID, DeliveryState] = {}
         self.last_errors: dict[uuid.UUID, str | None] = {}
         self.attempts: list[AttemptRecord] = []  # every attempt row written, in order
+        self.channel_names: dict[uuid.UUID, str] = {}  # for dead_history; unnamed: deleted
         self.unavailable = False
 
     def add(
@@ -79,3 +82,27 @@ class MemoryDeliveries:
         )
         self.last_errors[rec.delivery_id] = rec.error
         return True
+
+    async def dead_history(
+        self, delivery_id: uuid.UUID, created_at: datetime, channel_id: uuid.UUID, limit: int
+    ) -> DeadHistory:
+        """The failure alerts' read (``notifier.alerts.AlertHistory``, ``dead_history`` in
+        ``store/queries_alerts.sql``): the channel's name and the delivery's latest ``limit``
+        attempt rows, newest first."""
+        await trio.lowlevel.checkpoint()
+        self._check()
+        rows = [r for r in self.attempts if r.delivery_id == delivery_id][::-1][:limit]
+        return DeadHistory(
+            channel_name=self.channel_names.get(channel_id),
+            attempts=tuple(
+                AttemptRow(
+                    attempt=r.attempt,
+                    started_at=r.started_at,
+                    outcome=r.outcome,
+                    status_code=r.status_code,
+                    duration_ms=r.duration_ms,
+                    error=r.error,
+                )
+                for r in rows
+            ),
+        )

@@ -152,6 +152,7 @@ class Report:
     summary: str
     tags: dict[str, str]
     exc: BaseException | None
+    contexts: dict[str, dict[str, Any]] | None = None
 
 
 class RecordingReporter:
@@ -161,6 +162,12 @@ class RecordingReporter:
         self.reports: list[Report] = []
 
     def report(
-        self, summary: str, *, tags: Mapping[str, str], exc: BaseException | None = None
+        self,
+        summary: str,
+        *,
+        tags: Mapping[str, str],
+        exc: BaseException | None = None,
+        contexts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        self.reports.append(Report(summary, dict(tags), exc))
+        kept = {name: dict(c) for name, c in contexts.items()} if contexts is not None else None
+        self.reports.append(Report(summary, dict(tags), exc, kept))

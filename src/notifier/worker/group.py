@@ -9,6 +9,7 @@ from typing import Protocol
 import trio
 
 from notifier.adapters.base import Adapter
+from notifier.alerts import Alerts
 from notifier.batching import Batcher
 from notifier.broker.amqp import open_connection
 from notifier.broker.base import Confirm, Incoming, Outgoing
@@ -76,17 +77,25 @@ def fair_share(workers: WorkerGroupConfig) -> FairShare[Pending]:
 
 
 def outcome_observers(
-    channel_type: str, *, reporter: Reporter | None, metrics: Metrics | None
+    channel_type: str,
+    *,
+    reporter: Reporter | None,
+    metrics: Metrics | None,
+    alerts: Alerts | None = None,
 ) -> Observers:
     """What the worker does with each outcome, in this order: count it in ``metrics`` (when the
     process keeps them), write its ``notifier.worker`` line, report it to ``reporter`` (when
-    one is given) if it deserves a human's attention."""
+    one is given) if it deserves a human's attention, and buffer a dead delivery's alert in
+    ``alerts`` (when given; its Sentry event is then the alert's, with the context)."""
     observers: list[OutcomeObserver] = []
     if metrics is not None:
         observers.append(MetricsObserver(metrics, channel_type))
     observers.append(LogObserver())
     if reporter is not None:
-        observers.append(SentryObserver(reporter))
+        dead_elsewhere = alerts is not None and alerts.reports_to_sentry
+        observers.append(SentryObserver(reporter, alerts_report_dead=dead_elsewhere))
+    if alerts is not None:
+        observers.append(alerts.observer())
     return Observers(*observers)
 
 
@@ -100,6 +109,7 @@ async def run_worker_group(
     *,
     reporter: Reporter | None = None,
     metrics: Metrics | None = None,
+    alerts: Alerts | None = None,
     tracing: Tracing = NO_TRACING,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -108,7 +118,7 @@ async def run_worker_group(
     Raise ``BrokerError`` when a connection or channel of the group is lost: the supervisor
     restarts the group, and its unacked messages have gone back to the queue with the channel.
     Acknowledgements only ever travel on the channel that delivered the message. Each outcome
-    goes to ``metrics`` and ``reporter`` through ``outcome_observers``.
+    goes to ``metrics``, ``reporter`` and ``alerts`` through ``outcome_observers``.
     """
     broker = config.broker
     topology = build_topology([channel_type], config.retry.tiers_seconds, broker.queue_type)
@@ -140,7 +150,9 @@ async def run_worker_group(
             handler = Handler(
                 deliveries, adapter, publish, timeout_seconds=workers.timeout_seconds,
                 policy=config.retry,
-                observer=outcome_observers(channel_type, reporter=reporter, metrics=metrics),
+                observer=outcome_observers(
+                    channel_type, reporter=reporter, metrics=metrics, alerts=alerts
+                ),
                 limits=store, circuits=circuits, tracing=tracing,
             )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None

@@ -142,14 +142,24 @@ class SentryObserver:
     """One event for each dead delivery, each failure of the handler and each undecodable body.
 
     Only ids, the channel type, the attempt number and the outcome travel as tags: never a
-    channel's config (it holds secrets) or an event's payload.
+    channel's config (it holds secrets) or an event's payload. With ``alerts_report_dead``, a
+    delivery recorded ``DEAD`` is left to the failure alerts (``notifier.alerts``), whose event
+    carries its context.
     """
 
-    def __init__(self, reporter: Reporter) -> None:
+    def __init__(self, reporter: Reporter, *, alerts_report_dead: bool = False) -> None:
         self._reporter = reporter
+        self._alerts_report_dead = alerts_report_dead
 
     def observe(self, outcome: Outcome) -> None:
         message = outcome.message
+        if (
+            self._alerts_report_dead
+            and outcome.recorded
+            and outcome.status == "DEAD"
+            and message is not None
+        ):
+            return
         tags = {"channel_type": outcome.channel_type, "message_id": str(outcome.message_id)}
         if outcome.outcome == UNDECODABLE:
             self._reporter.report("undecodable message", tags=tags, exc=outcome.exc)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from quart import Blueprint, Response
 
-from notifier.ingest.api.context import api_context
+from notifier.ingest.api.context import ApiContext, api_context
 from notifier.ingest.api.http import json_response
 from notifier.ingest.readiness import CHECK_SECONDS, Check, run_checks
 from notifier.ingest.views import Health, Readiness, SchemaReport
@@ -21,13 +22,16 @@ async def healthz() -> Response:
     return json_response(Health(status="ok"))
 
 
-@routes.get("/readyz")
-async def readyz() -> Response:
-    """Postgres, its schema version and RabbitMQ checked at once; an answer within about a
-    second whatever they do (a stalled dependency is unavailable, not a probe that never
-    returns). A schema missing or older than this code's is not ready; a newer one is (a
-    newer release migrated it: migrations only add), and ``schema`` says so."""
-    ctx = api_context()
+@dataclasses.dataclass(frozen=True)
+class ReadinessResult:
+    ready: bool
+    checks: dict[str, str]
+    schema: SchemaState | None
+
+
+async def check_readiness(ctx: ApiContext) -> ReadinessResult:
+    """Trio-flavoured. Postgres, its schema version and RabbitMQ checked at once, within
+    about a second whatever they do (``/readyz``, and ``notifier_ready`` of ``/metrics``)."""
     found: list[SchemaState] = []
 
     async def check_schema() -> None:
@@ -44,13 +48,26 @@ async def readyz() -> Response:
         probes["broker"] = ctx.check_broker
     checks = await run_checks(probes)
     ready = all(v == "ok" for v in checks.values())
+    return ReadinessResult(ready, checks, found[0] if found else None)
+
+
+@routes.get("/readyz")
+async def readyz() -> Response:
+    """Postgres, its schema version and RabbitMQ checked at once; an answer within about a
+    second whatever they do (a stalled dependency is unavailable, not a probe that never
+    returns). A schema missing or older than this code's is not ready; a newer one is (a
+    newer release migrated it: migrations only add), and ``schema`` says so."""
+    result = await check_readiness(api_context())
+    found = result.schema
     schema = (
-        SchemaReport(status=found[0].status, version=found[0].version, expected=found[0].latest)
-        if found
+        SchemaReport(status=found.status, version=found.version, expected=found.latest)
+        if found is not None
         else None
     )
-    body = Readiness(status="ready" if ready else "unavailable", checks=checks, schema=schema)
-    return json_response(body, 200 if ready else 503)
+    body = Readiness(
+        status="ready" if result.ready else "unavailable", checks=result.checks, schema=schema
+    )
+    return json_response(body, 200 if result.ready else 503)
 
 
 @routes.get("/openapi.json")

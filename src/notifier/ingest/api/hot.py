@@ -23,13 +23,17 @@ limit, the group commit, the ``traceparent`` and the ingest span), ``errors.erro
   in a group commit that the others of the batch wait for anyway;
 - the answer's headers are quart's (``Content-Type: application/json``, ``Content-Length``,
   then ``Retry-After``, ``Connection``); hypercorn adds ``Date`` and ``Server`` as before.
+
+Each answer is timed, from its headers read to its answer ready, in
+``notifier_ingest_request_duration_seconds{route,status}`` (one histogram observation; the
+series of a route and status is looked up once per process).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -50,6 +54,10 @@ ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[Non
 BATCH_PATH = "/v1/events/batch"
 EVENT_PATH = "/v1/events"
 _JSON = (b"content-type", b"application/json")
+
+
+class _Timer(Protocol):
+    def observe(self, amount: float) -> None: ...
 
 
 class _ClientGone(NotifierError):
@@ -118,6 +126,14 @@ class IngestRoutes:
         self._ctx = ctx
         self._max_body = app.config["MAX_CONTENT_LENGTH"]
         self._body_timeout = app.config["BODY_TIMEOUT"]
+        self._timers: dict[tuple[str, int], _Timer] = {}  # (route, status) → its series
+
+    def _timer(self, route: str, status: int) -> _Timer:
+        timer = self._timers.get((route, status))
+        if timer is None:
+            histogram = self._ctx.metrics.ingest_request_duration
+            timer = self._timers[route, status] = histogram.labels(route, str(status))
+        return timer
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -133,6 +149,7 @@ class IngestRoutes:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable, *, batch: bool
     ) -> None:
         assert scope["type"] == "http"
+        started = trio.current_time()
         authorization: list[str] = []
         content_type = idempotency = length = None
         traceparents: list[bytes] = []
@@ -182,6 +199,8 @@ class IngestRoutes:
         ]
         if not keep_alive:
             response_headers.append((b"connection", b"close"))
+        route = BATCH_PATH if batch else EVENT_PATH
+        self._timer(route, status).observe(trio.current_time() - started)
         await send({"type": "http.response.start", "status": status, "headers": response_headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
