@@ -83,8 +83,8 @@ def main() -> int:
                              f"{','.join(m for m, _ in tracing.MODES)} (default: all)")  # fmt: skip
     parser.add_argument("--tracing-before", metavar="REV",
                         help="with --tracing: the code from before tracing (default: the "
-                             "parent of the commit that added [tracing]; 'none': no such "
-                             "runs)")  # fmt: skip
+                             "newest commit of the history without [tracing]; 'none': no "
+                             "such runs)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")

@@ -3,8 +3,9 @@ stage (every role in one process, wrk posting single events for ``--tracing-seco
 delivered as a signed webhook into nginx) is run, in one invocation, in these modes:
 
 - ``before``: notifier's code from before tracing (``--tracing-before REV``, by default the
-  parent of the commit that added ``[tracing]``; ``git archive`` of its ``src`` into the
-  temporary directory, put first on the notifier process's PYTHONPATH), no ``[tracing]``;
+  newest commit of this checkout's history without ``[tracing]``, ``default_before``;
+  ``git archive`` of its ``src`` into the temporary directory, put first on the notifier
+  process's PYTHONPATH), no ``[tracing]``;
 - ``off``: this checkout, no ``[tracing]`` (no endpoint: tracing off);
 - ``ratio0``: ``[tracing]`` with the OTLP sink's endpoint and ``sample_ratio = 0``: configured,
   recording nothing;
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from bench.run import Bench
 
 REPO = Path(__file__).resolve().parent.parent
-# the commit that added the [tracing] section; its parent is the code from before tracing
+# the [tracing] section's module: a commit without it is from before tracing
 TRACING_MODULE = "src/notifier/config/tracing.py"
 MIGRATIONS = "src/notifier/store/migrations"
 # (key, what the table says)
@@ -105,13 +106,22 @@ def _git(*args: str) -> str:
 
 
 def default_before() -> str | None:
-    """The parent of the first commit that added the ``[tracing]`` section's module, or None
-    when this checkout has no tracing (or is not a git checkout)."""
+    """The newest commit (by commit date) in this checkout's history whose tree has no
+    ``[tracing]`` module: the code the tracing work started from or, once the branch took in a
+    newer main, that main, so that *before* differs from *off* by tracing alone as far as
+    history allows. None when every commit has it, or this is not a git checkout."""
     try:
-        added = _git("log", "--diff-filter=A", "--format=%H", "--", TRACING_MODULE).split()
+        commits = _git("rev-list", "--date-order", "HEAD").split()
+        found = subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "--batch-check"], check=True, text=True,
+            input="".join(f"{c}:{TRACING_MODULE}\n" for c in commits), capture_output=True,
+            timeout=120,
+        ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return f"{added[-1]}^" if added else None
+    # one line per commit, in order: "<sha> blob <size>", or "<commit>:<path> missing"
+    return next((c for c, line in zip(commits, found, strict=True) if line.endswith("missing")),
+                None)  # fmt: skip
 
 
 def checkout(rev: str, into: Path) -> tuple[Path, str]:
