@@ -11,9 +11,9 @@ then starts a span as a child of the context it was given (ingest, publish, one 
 and what it passes on is the new span's traceparent. The OpenTelemetry SDK is imported only
 then; with tracing off, ``NO_TRACING`` hands the given context through unchanged.
 
-``current_traceparent()`` is the context of the span the running task is in (a trio task's
-context variable): the log handler writes its ids into every JSON line, and the webhook
-adapter sends it.
+``current_span()`` is the span the running task is in (a trio task's context variable): the
+log handler writes its ids into every line (``logs.TraceFilter``), and the webhook adapter
+sends its ``traceparent`` (``current_traceparent()``).
 """
 
 from __future__ import annotations
@@ -126,16 +126,6 @@ def current_traceparent() -> str | None:
     with tracing off); ``None`` outside any."""
     span = _current.get()
     return None if span is None else span.traceparent
-
-
-@contextlib.contextmanager
-def in_span(span: Span | None) -> Iterator[None]:
-    """Make ``span`` the running task's current one for the block."""
-    token = _current.set(span)
-    try:
-        yield
-    finally:
-        _current.reset(token)
 
 
 class Tracing:
