@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import history, report, run
+from bench import history, report, run, tracing
 from bench.soak import soak
 
 
@@ -65,10 +65,36 @@ def main() -> int:
                         metavar="DAYS",
                         help="with --history: the month's retention_days "
                              f"(default {history.MONTH_RETENTION})")  # fmt: skip
+    parser.add_argument("--tracing", action="store_true",
+                        help="only what tracing costs: end to end before tracing, with it off, "
+                             "on at sample_ratio 0 and at 1.0 (an OTLP sink)")  # fmt: skip
+    parser.add_argument("--tracing-seconds", type=float, default=6.0, metavar="SECONDS",
+                        help="with --tracing: wrk duration per run (default 6)")  # fmt: skip
+    parser.add_argument("--tracing-rounds", type=int, default=3, metavar="N",
+                        help="with --tracing: runs of each mode, interleaved "
+                             "(default 3)")  # fmt: skip
+    parser.add_argument("--tracing-paced", type=float, default=tracing.PACED_RATE,
+                        metavar="EVENTS_PER_S",
+                        help="with --tracing: each run's paced part, events/s asked "
+                             f"(default {tracing.PACED_RATE:.0f}; 0: none)")  # fmt: skip
+    parser.add_argument("--tracing-modes", default=",".join(m for m, _ in tracing.MODES),
+                        metavar="M,M",
+                        help="with --tracing: the modes run, of "
+                             f"{','.join(m for m, _ in tracing.MODES)} (default: all)")  # fmt: skip
+    parser.add_argument("--tracing-before", metavar="REV",
+                        help="with --tracing: the code from before tracing (default: the "
+                             "newest commit of the history without [tracing]; 'none': no "
+                             "such runs)")  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE")
     parser.add_argument("--chart", type=Path, metavar="FILE.png")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args()
+    if args.tracing and (args.tracing_rounds < 1 or args.tracing_seconds < 1
+                         or args.tracing_paced < 0
+                         or not tracing.known_modes(args.tracing_modes)):  # fmt: skip
+        parser.error("--tracing needs a round and a second of load at least, a pace of 0 "
+                     "events/s or more, and modes of "
+                     f"{','.join(m for m, _ in tracing.MODES)}")  # fmt: skip
     if args.history:
         if args.history_days < 2 or args.history_rows < args.history_days:
             parser.error("--history needs 2 days or more and a delivery a day at least")
@@ -105,6 +131,8 @@ def main() -> int:
         print(history.ratio_lines([(what, e, h) for _, what, e, h in pairs]), flush=True)
         if bench.history_result is not None:
             print(history.report(bench.history_result), flush=True)
+    elif args.tracing:
+        print(tracing.report(bench.stages, bench.span_costs or []), flush=True)
     elif not args.soak:
         print(report.ratios(bench.stages), flush=True)
         print(report.scaling(bench.stages), flush=True)
@@ -115,7 +143,8 @@ def main() -> int:
         "argv": sys.argv[1:], "python": platform.python_version(),
         "stages": [s.as_dict() for s in bench.stages],
         "ratios": report.ratio_values(bench.stages), "scaling": report.scaling_values(bench.stages),
-        "samples": bench.samples,
+        "samples": bench.samples, "tracing": tracing.values(bench.stages),
+        "span_cost": tracing.span_cost_values(bench.span_costs or [], bench.stages),
         "history": bench.history_result.as_dict() if bench.history_result is not None else None,
         "history_ratios": {key: history.stage_ratio(e, h) for key, _, e, h in pairs
                            if e is not None and h is not None},

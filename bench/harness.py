@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.otlp_sink import OtlpSink
 from bench.procs import (
     CpuGroups,
     Processes,
@@ -37,7 +38,9 @@ from bench.stage import Stage, Window
 HERE = Path(__file__).resolve().parent
 
 
-def notifier_config(path: Path, s: Scratch, port: int, level: str) -> None:
+def notifier_config(path: Path, s: Scratch, port: int, level: str, extra: str = "") -> None:
+    """notifier's config for a stage; ``extra`` is appended (more sections, such as
+    ``[tracing]``)."""
     path.write_text(f"""
 [service]
 shutdown_grace_seconds = 5
@@ -57,7 +60,7 @@ prefetch = 64
 allow_private_networks = true
 [logging]
 level = "{level}"
-""")
+{extra}""")
 
 
 class Harness:
@@ -67,6 +70,7 @@ class Harness:
         self.procs = Processes(tmp)
         self.scratch = Scratch()
         self.sink: Sink | None = None
+        self.otlp: OtlpSink | None = None  # the OTLP sink of --tracing (bench/otlp_sink.py)
         self.subject: subprocess.Popen[bytes] | None = None  # the measured server process
         self.wrk_cpu = 0.0
         self.wrk_pid: int | None = None  # while wrk runs
@@ -86,6 +90,7 @@ class Harness:
                                   if self.postgres_role(p)[0] == "server"],
             "rabbitmq": lambda: self.beam,
             "sink": lambda: self.sink.pids() if self.sink else [],
+            "otlp_sink": lambda: self.otlp.pids() if self.otlp else [],
             "bench": lambda: [os.getpid()],  # this process: the harness's Python, the sampler
         })  # fmt: skip
 
@@ -119,6 +124,8 @@ class Harness:
         if (sink := self.sink) is not None:
             found += [("sink", "nginx " + ("master" if pid == sink.proc.pid else "worker"), pid)
                       for pid in sink.pids()]  # fmt: skip
+        if (otlp := self.otlp) is not None:
+            found += [("otlp_sink", "otlp sink", pid) for pid in otlp.pids()]
         if self.wrk_pid is not None:
             found.append(("wrk", "wrk", self.wrk_pid))
         found.append(("bench", "bench", os.getpid()))
@@ -142,14 +149,21 @@ class Harness:
         traced_frames: int = 1,
         wait: bool = True,
         processes: int = 1,
+        tag: str = "",
+        config_extra: str = "",
+        pythonpath: str | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start notifier with ``roles`` (in ``processes`` processes); with ``wait``, return once
         it logged that it runs (an INFO line: below INFO a caller has its own sign, such as the
-        first webhook)."""
-        config = self.tmp / f"notifier-{level}.toml"
-        notifier_config(config, self.scratch, self.port, level)
+        first webhook). ``config_extra`` is appended to its config (named with ``tag``), and
+        ``pythonpath`` put first on its PYTHONPATH (another checkout's ``src``)."""
+        suffix = f"-{tag}" if tag else ""
+        config = self.tmp / f"notifier-{level}{suffix}.toml"
+        notifier_config(config, self.scratch, self.port, level, config_extra)
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFIER_")}
-        name = f"notifier-{roles.replace(',', '+')}-{level}"
+        if pythonpath is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+        name = f"notifier-{roles.replace(',', '+')}-{level}{suffix}"
         if processes > 1:
             name += f"-x{processes}"
         log = self.tmp / f"{name}.log"

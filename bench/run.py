@@ -30,8 +30,9 @@ import functools
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
-from bench import history, report
+from bench import history, report, tracing
 from bench.harness import Harness
 from bench.procs import children, rss_kib, wait_for
 from bench.sink import Sink
@@ -49,6 +50,7 @@ class Bench(Harness):
     """The stages, one after the other (``run``), on the harness."""
 
     history_result: history.History | None = None  # what ``--history`` built and measured
+    span_costs: list[dict[str, Any]] | None = None  # ``--tracing``: bench/span_cost.py's runs
 
     # -- stages --
 
@@ -312,6 +314,13 @@ class Bench(Harness):
             return
         if a.e2e:
             self.end_to_end(secs, 6.0 if quick else a.paced_seconds, a.paced_fraction)
+            return
+        if a.tracing:
+            before = a.tracing_before or tracing.default_before()
+            tracing.run_tracing(self, 3.0 if quick else a.tracing_seconds,
+                                1 if quick else a.tracing_rounds,
+                                None if before == "none" else before,
+                                a.tracing_paced, tracing.known_modes(a.tracing_modes))  # fmt: skip
             return
         if a.history:
             self.history_stages(secs, backlog, a.history_rows, a.history_days,
