@@ -1,4 +1,4 @@
--- 0010: a channel's payload filter (notifier.filters, README "Payload filters"): `filter` is the
+-- 0011: a channel's payload filter (notifier.filters, README "Payload filters"): `filter` is the
 -- filter as the API took it and shows it, `filter_path` the strict jsonpath predicate it
 -- compiles to, which the fan-out evaluates (`payload @@ filter_path`, queries_events.sql).
 -- Both NULL: no filter, every payload matches. Written together by the channel queries.

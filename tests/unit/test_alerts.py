@@ -98,6 +98,16 @@ def history(n: int = 3) -> DeadHistory:
         ("session_id", True),
         ("AWS_ACCESS_KEY", True),
         ("pin", True),
+        ("tokens", True),  # plurals
+        ("passwords", True),
+        ("apiKeys", True),
+        ("refresh_tokens", True),
+        ("privateKeys", True),
+        ("client_key", True),
+        ("signing-key", True),
+        ("jwt", True),
+        ("bearer", True),
+        ("cookies", True),
         ("author", False),  # contains "auth", is not it
         ("tokenizer", False),
         ("secretary", False),
@@ -105,6 +115,9 @@ def history(n: int = 3) -> DeadHistory:
         ("order_id", False),
         ("amount", False),
         ("keyboard", False),
+        ("keys", False),  # a plain "key" is too common to scrub (README, Failure alerts)
+        ("pins_count", True),  # a word of the name is a secret word's plural
+        ("options", False),
     ],
 )
 def test_secret_looking_keys_are_told_from_ordinary_ones(key: str, secret: bool) -> None:

@@ -322,6 +322,24 @@ async def test_a_test_event_goes_to_the_one_channel_and_is_followed(browser: Bro
     assert 'http-equiv="refresh"' in body
 
 
+async def test_a_test_event_a_channels_filter_drops_is_refused_and_stores_nothing(
+    browser: Browser,
+) -> None:
+    body = {
+        "type": "webhook", "config": {"url": "https://hooks.example.com/in"},
+        "filter": {"path": ["amount"], "op": "gte", "value": 100},
+    }  # fmt: skip
+    filtered = str((await api(browser, "/v1/channels", body))["id"])
+    await browser.sign_in()
+    status, page, _ = await browser.post(
+        f"/console/channels/{filtered}/test", {}, page="/console/channels"
+    )
+    assert status == 409
+    assert "payload filter drops the test event" in page
+    assert browser.store.events == {}
+    assert browser.store.deliveries == {}
+
+
 # -- overview -----------------------------------------------------------------------------------
 
 

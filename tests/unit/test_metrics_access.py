@@ -6,13 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 from quart_trio import QuartTrio
+from trio.testing import MockClock
 from werkzeug.datastructures import Headers
 
 from notifier.config import parse_config
 from notifier.errors import ConfigError
 from notifier.ingest.app import create_app
-from notifier.ingest.metrics_access import create_metrics_app, metrics_endpoint
+from notifier.ingest.metrics_access import (
+    READINESS_MAX_AGE_SECONDS,
+    CachedReadiness,
+    create_metrics_app,
+    metrics_endpoint,
+)
 from notifier.metrics import CONTENT_TYPE
 from notifier.testing import RecordingAdapter
 from notifier.testing.api import MemoryApiStore
@@ -111,3 +118,33 @@ async def test_with_a_metrics_bind_the_ingest_app_answers_404_and_the_metrics_ap
     assert resp.headers["Content-Type"] == CONTENT_TYPE
     await refused(await get(metrics), 401, "unauthorized")  # the token holds there too
     await refused(await get(metrics, f"Bearer {TOKEN}", path="/healthz"), 404, "not_found")
+
+
+async def test_readiness_is_checked_again_only_once_its_answer_is_old(
+    mock_clock: MockClock,
+) -> None:
+    answers = [True, False]
+    calls = 0
+
+    async def check() -> bool:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(0.1)  # a check takes a while: a scrape beside it shares its answer
+        return answers[calls - 1]
+
+    ready = CachedReadiness(check)
+    results: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(lambda: _append(results, ready()))
+    assert (results, calls) == ([True, True, True], 1)
+    mock_clock.jump(READINESS_MAX_AGE_SECONDS - 1)
+    assert await ready() is True
+    assert calls == 1
+    mock_clock.jump(1)
+    assert await ready() is False
+    assert calls == 2
+
+
+async def _append(into: list[bool], answer: Any) -> None:
+    into.append(await answer)

@@ -30,27 +30,33 @@ MAX_DEPTH = 32
 TOO_DEEP = "[too deep]"
 
 # Keys whose value is a secret whatever it looks like: matched against the key lowercased, with
-# '-' and ' ' read as '_' (so "API-Key", "apiKey" and "x_api_key" all match). Words that merely
-# contain one of these ("tokenizer", "secretary", "author") are not secrets: only whole words of
-# the key's name (split at '_' and at camelCase) or the compounds listed count.
+# '-' and ' ' read as '_' (so "API-Key", "apiKey" and "x_api_key" all match), a word's plural
+# as the word ("tokens", "apiKeys"). Words that merely contain one of these ("tokenizer",
+# "secretary", "author") are not secrets: only whole words of the key's name (split at '_' and
+# at camelCase) or the compounds listed count.
 _SECRET_WORDS = frozenset(
     {
-        "password", "passwd", "pwd", "passphrase", "secret", "secrets", "token",
-        "apikey", "authorization", "auth", "cookie", "cookies", "credential", "credentials",
-        "signature", "privatekey", "accesskey", "pin", "cvv", "cvc", "otp", "sessionid",
+        "password", "passwd", "pwd", "passphrase", "secret", "token", "jwt", "bearer",
+        "apikey", "authorization", "auth", "cookie", "credential", "signature", "privatekey",
+        "accesskey", "clientkey", "signingkey", "encryptionkey", "pin", "cvv", "cvc", "otp",
+        "sessionid",
     }
 )  # fmt: skip
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+def _secret_word(word: str) -> bool:
+    return word in _SECRET_WORDS or (word.endswith("s") and word[:-1] in _SECRET_WORDS)
+
+
 def is_secret_key(key: str) -> bool:
     """Whether a payload key names a secret: one of its words (``client_secret``,
-    ``accessToken``, ``X-Api-Key``, ``set-cookie``) or two adjacent words joined (``api_key``,
-    ``private_key``, ``session_id``) is a secret word."""
+    ``accessToken``, ``X-Api-Key``, ``set-cookie``, ``refreshTokens``) or two adjacent words
+    joined (``api_key``, ``private_keys``, ``session_id``) is a secret word or its plural."""
     words = [w for w in re.split(r"[_\-\s.]+", _CAMEL.sub("_", key).lower()) if w]
-    if any(w in _SECRET_WORDS for w in words):
+    if any(_secret_word(w) for w in words):
         return True
-    return any(a + b in _SECRET_WORDS for a, b in itertools.pairwise(words))
+    return any(_secret_word(a + b) for a, b in itertools.pairwise(words))
 
 
 def scrub(value: Any, depth: int = 0) -> Any:

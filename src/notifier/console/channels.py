@@ -11,6 +11,7 @@ from typing import cast
 
 from quart import Response, redirect
 
+from notifier import filters
 from notifier.adapters.base import public_config
 from notifier.adapters.webhook import generate_secret
 from notifier.console.web import PREFIX, ConsoleError, page, routes, signed_in_tenant
@@ -90,6 +91,14 @@ async def rotate_secret(channel_id: uuid.UUID) -> Response:
     raise ConsoleError(409, "The channel's config kept changing meanwhile: try again.")
 
 
+# the test event's payload is {"test": true, "channel_id": ...}: most payload filters drop it
+FILTERED_OUT = (
+    "The channel's payload filter drops the test event (its payload is "
+    '{"test": true, "channel_id": …}): remove the filter to send one, or send a matching '
+    "event through the API."
+)
+
+
 @routes.post("/channels/<uuid:channel_id>/test")
 async def send_test(channel_id: uuid.UUID) -> Response:
     """A test event for this channel only; its delivery's page follows it to its outcome."""
@@ -97,15 +106,18 @@ async def send_test(channel_id: uuid.UUID) -> Response:
     channel = await _channel(tenant_id, channel_id)
     if not channel.enabled:
         raise ConsoleError(409, "The channel is disabled: enable it to send it a test event.")
-    event = EventIn(
-        type=TEST_EVENT_TYPE, payload={"test": True, "channel_id": str(channel_id)},
-        channel_ids=[channel_id],
-    )  # fmt: skip
+    payload = {"test": True, "channel_id": str(channel_id)}
+    if channel.filter is not None and not filters.matches(channel.filter, payload):
+        raise ConsoleError(409, FILTERED_OUT)
+    event = EventIn(type=TEST_EVENT_TYPE, payload=payload, channel_ids=[channel_id])
     try:
         [result] = await ingest(tenant_id, [new_event(event, None)])
     except ApiError as exc:  # over the key's ingest rate limit
         raise ConsoleError(exc.status, exc.message) from exc
     except UnknownChannels as exc:  # deleted or disabled meanwhile
         raise ConsoleError(409, f"The channel takes no event now: {exc}.") from exc
-    [delivery] = [d for d in result.event.deliveries if d.channel_id == channel_id]
+    found = [d for d in result.event.deliveries if d.channel_id == channel_id]
+    if not found:  # a filter set meanwhile dropped it: the event is stored, with no delivery
+        raise ConsoleError(409, FILTERED_OUT)
+    [delivery] = found
     return cast(Response, redirect(f"{PREFIX}/deliveries/{delivery.id}?notice=test", 303))

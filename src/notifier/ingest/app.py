@@ -38,7 +38,7 @@ from notifier.ingest.api.errors import install_error_handlers
 from notifier.ingest.api.pagination import DEFAULT_PAGE, MAX_PAGE
 from notifier.ingest.events import max_attempts_by_type, store_each
 from notifier.ingest.groupcommit import GroupCommit
-from notifier.ingest.metrics_access import MetricsEndpoint, install_metrics
+from notifier.ingest.metrics_access import CachedReadiness, MetricsEndpoint, install_metrics
 from notifier.ingest.openapi import build_openapi
 from notifier.ingest.tenants import TenantCaches
 from notifier.metrics import Metrics
@@ -119,7 +119,7 @@ def create_app(
         metrics=meters, scrape=scrape,
         token=metrics_token(config.ingest, os.environ if environ is None else environ),
         served_here=not config.ingest.metrics_bind,
-        readiness=functools.partial(ready, ctx),
+        readiness=CachedReadiness(functools.partial(ready, ctx)),
     ))  # fmt: skip
     return app
 

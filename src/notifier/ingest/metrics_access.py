@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import math
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -34,7 +35,31 @@ METRICS_LISTEN_FDS_ENV = "NOTIFIER_METRICS_LISTEN_FDS"
 METRICS_MAX_BODY_BYTES = 4096
 _EXTENSION = "notifier.metrics"
 
+# ``notifier_ready`` is read again at most this often: ``/readyz``'s checks ping Postgres and
+# open a RabbitMQ connection, which a scrape every few seconds should not repeat each time.
+READINESS_MAX_AGE_SECONDS = 5.0
+
 routes = Blueprint("metrics", __name__)
+
+
+class CachedReadiness:
+    """``check`` (``/readyz``'s checks as a bool), run again only when its last answer is older
+    than ``max_age`` seconds of trio's clock; concurrent scrapes share one run."""
+
+    def __init__(
+        self, check: Callable[[], Awaitable[bool]], max_age: float = READINESS_MAX_AGE_SECONDS
+    ) -> None:
+        self._check, self._max_age = check, max_age
+        self._answer: bool | None = None
+        self._at = -math.inf
+        self._lock = trio.Lock()
+
+    async def __call__(self) -> bool:
+        async with self._lock:
+            if self._answer is None or trio.current_time() - self._at >= self._max_age:
+                self._answer = await self._check()
+                self._at = trio.current_time()
+            return self._answer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
