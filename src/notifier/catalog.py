@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -44,6 +45,16 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema's size as compact JSON
 MAX_DESCRIPTION_CHARS = 2000
 MAX_EVENT_TYPES = 200  # per tenant (the list route answers them all)
+# The schemas of one tenant's catalog in all, as Postgres prints them (``octet_length(schema::
+# text)``): what an ingest process holds and compiles per tenant is bounded by it.
+MAX_CATALOG_BYTES = 1024 * 1024
+# A schema's size with every ``$ref`` replaced by what it points to (each JSON value, object,
+# array, key's value or item, counts one). What a check costs grows with it: applicators
+# (``anyOf``, ``oneOf``, ``allOf``, ``items``…) may evaluate every branch, so a few ``$defs``
+# that each reference the next twice make an exponential number of evaluations from a schema of
+# a kilobyte. At this cap a check of the largest payload ingest takes stays in the milliseconds
+# (README, *Event-type catalog*).
+MAX_EXPANDED_NODES = 5_000
 # How long an ingest process trusts a tenant's compiled catalog at most. A change is NOTIFYed
 # and forgets it at once; the TTL bounds it only where no NOTIFY can arrive (no LISTEN behind a
 # transaction pooler, or the LISTEN connection down).
@@ -94,7 +105,7 @@ def _references(node: Any, path: str) -> Iterator[tuple[str, str, str]]:
     if isinstance(node, dict):
         for key, value in node.items():
             here = path + _step(key)
-            if key in ("$ref", "$dynamicRef", "$id") and isinstance(value, str):
+            if key in ("$ref", "$dynamicRef", "$recursiveRef", "$id") and isinstance(value, str):
                 yield here, key, value
             elif key not in ("const", "enum", "default", "examples"):  # values, not schemas
                 yield from _references(value, here)
@@ -104,6 +115,113 @@ def _references(node: Any, path: str) -> Iterator[tuple[str, str, str]]:
 
 
 _NOWHERE = re.compile(r"Pointer '(.*)' does not exist")
+
+_NOT_SCHEMAS = ("const", "enum", "default", "examples")
+
+
+class _Expansion:
+    """How big ``schema`` is with every local ``$ref`` inlined (``MAX_EXPANDED_NODES``), each
+    referenced location counted once and remembered; ``SchemaRefused`` for a ``$ref`` cycle (a
+    recursive schema) or a size over the cap."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self._root = schema
+        self._anchors: dict[str, tuple[Any, str]] = {}  # name → (node, its path)
+        self._find_anchors(schema, "$")
+        self._sizes: dict[int, int] = {}  # id() of a referenced node → its expanded size
+        self._open: set[int] = set()  # the referenced nodes being expanded
+
+    def _find_anchors(self, node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("$anchor", "$dynamicAnchor") and isinstance(value, str):
+                    self._anchors.setdefault(value, (node, path))
+                elif key not in _NOT_SCHEMAS:
+                    self._find_anchors(value, path + _step(key))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                self._find_anchors(value, f"{path}[{i}]")
+
+    def _target(self, ref: str) -> tuple[Any, str] | None:
+        """What ``ref`` points to and its path, or None (the compiler names a reference to
+        nothing)."""
+        fragment = urllib.parse.unquote(ref[1:])
+        if fragment and not fragment.startswith("/"):
+            return self._anchors.get(fragment)
+        node: Any = self._root
+        steps: list[str | int] = []
+        for token in fragment.split("/")[1:]:
+            token = token.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+                steps.append(token)
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+                steps.append(int(token))
+            else:
+                return None
+        return node, json_path(steps)
+
+    def size(self, node: Any, path: str) -> int:
+        if isinstance(node, list):
+            return 1 + sum(self.size(v, f"{path}[{i}]") for i, v in enumerate(node))
+        if not isinstance(node, dict):
+            return 1
+        total = 1
+        for key, value in node.items():
+            here = path + _step(key)
+            if key in ("$dynamicRef", "$recursiveRef"):
+                raise SchemaRefused(here, f"{key} is not supported (recursive schemas are not)")
+            if key == "$ref" and isinstance(value, str):
+                total += self._referenced(value, here)
+            elif key in _NOT_SCHEMAS:
+                total += _values(value)
+            else:
+                total += self.size(value, here)
+            if total > MAX_EXPANDED_NODES:
+                raise SchemaRefused("$", _too_big)
+        return total
+
+    def _referenced(self, ref: str, path: str) -> int:
+        found = self._target(ref)
+        if found is None:
+            return 1
+        target, where = found
+        known = self._sizes.get(id(target))
+        if known is not None:
+            return known
+        if id(target) in self._open:
+            raise SchemaRefused(
+                path, f"{_cut(ref)!r} makes the schema recursive (a $ref cycle): not supported"
+            )
+        self._open.add(id(target))
+        try:
+            size = self._sizes[id(target)] = self.size(target, where)
+        finally:
+            self._open.discard(id(target))
+        return size
+
+
+_too_big = (
+    f"over {MAX_EXPANDED_NODES} nodes with every $ref inlined (anyOf/oneOf/allOf branches "
+    "that reference the same definitions multiply the work of a check)"
+)
+
+
+def _values(node: Any) -> int:
+    """How many JSON values ``node`` is (data, not schemas)."""
+    if isinstance(node, dict):
+        return 1 + sum(_values(v) for v in node.values())
+    if isinstance(node, list):
+        return 1 + sum(_values(v) for v in node)
+    return 1
+
+
+def expanded_size(schema: dict[str, Any]) -> int:
+    """The size of ``schema`` with every local ``$ref`` inlined (JSON values); ``SchemaRefused``
+    when it is recursive, uses ``$dynamicRef``/``$recursiveRef`` or is over
+    ``MAX_EXPANDED_NODES``."""
+    return _Expansion(schema).size(schema, "$")
 
 
 def _validator(schema: dict[str, Any]) -> Validator:
@@ -131,6 +249,12 @@ def compile_schema(schema: Any) -> Validator:
         jsonschema_rs.meta.validate(schema)  # the metaschema (and every pattern a regex)
     except jsonschema_rs.ValidationError as exc:
         raise SchemaRefused(json_path(exc.instance_path), _cut(exc.message)) from None
+    return _compiled(schema)
+
+
+def _compiled(schema: dict[str, Any]) -> Validator:
+    """``compile_schema`` but the metaschema: the references, the expanded size, the
+    validator. A stored schema (checked in full when it was registered) is compiled so."""
     found = list(_references(schema, "$"))
     for path, keyword, value in found:
         if keyword == "$id":
@@ -140,6 +264,7 @@ def compile_schema(schema: Any) -> Validator:
             raise SchemaRefused(
                 path, f"{_cut(value)!r}: only references inside the schema (starting with #)"
             )
+    expanded_size(schema)
     try:
         return _validator(schema)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
