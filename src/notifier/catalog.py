@@ -24,6 +24,7 @@ What is not checked: ``format`` is an annotation (draft 2020-12's default): ``"f
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import re
 import urllib.parse
@@ -174,6 +175,12 @@ class _Expansion:
                 raise SchemaRefused(here, f"{key} is not supported (recursive schemas are not)")
             if key == "$ref" and isinstance(value, str):
                 total += self._referenced(value, here)
+            elif key in ("$defs", "definitions") and isinstance(value, dict):
+                # Evaluated only where referenced (counted there), but each is expanded once
+                # here too: a cycle or an oversized definition is refused even if unused.
+                total += 1
+                for name, definition in value.items():
+                    self._expanded(definition, here + _step(name))
             elif key in _NOT_SCHEMAS:
                 total += _values(value)
             else:
@@ -187,13 +194,17 @@ class _Expansion:
         if found is None:
             return 1
         target, where = found
-        known = self._sizes.get(id(target))
-        if known is not None:
-            return known
         if id(target) in self._open:
             raise SchemaRefused(
                 path, f"{_cut(ref)!r} makes the schema recursive (a $ref cycle): not supported"
             )
+        return self._expanded(target, where)
+
+    def _expanded(self, target: Any, where: str) -> int:
+        """The expanded size of ``target`` (at ``where``), remembered."""
+        known = self._sizes.get(id(target))
+        if known is not None:
+            return known
         self._open.add(id(target))
         try:
             size = self._sizes[id(target)] = self.size(target, where)
@@ -286,13 +297,14 @@ def schema_error(validator: Validator, payload: Any) -> tuple[str, str] | None:
     """``(JSON path in the payload, reason)`` of the first error of ``payload``, or None when
     it matches."""
     try:
-        error = next(iter(validator.iter_errors(payload)), None)
+        if validator.is_valid(payload):  # no error collected: the fast path
+            return None
+        validator.validate(payload)  # stops at the first error
+    except jsonschema_rs.ValidationError as error:
+        return json_path(error.instance_path), _cut(error.message)
     except Exception as exc:  # a payload must never turn into a 500
         log.warning("checking a payload against its event type's schema failed: %r", exc)
-        return "$", "could not be checked against the schema"
-    if error is None:
-        return None
-    return json_path(error.instance_path), _cut(error.message)
+    return "$", "could not be checked against the schema"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,21 +344,56 @@ EMPTY = Catalog()
 
 @dataclasses.dataclass(frozen=True)
 class StoredCatalog:
-    """What the store keeps of a tenant's catalog: the switch and the schemas by type."""
+    """What the store keeps of a tenant's catalog: the switch, the schemas by type and, by
+    type, a digest of its schema as stored (a type whose digest is the one compiled before is
+    not compiled again; without one, the digest of the schema's JSON)."""
 
     strict: bool
     schemas: Mapping[str, dict[str, Any]]
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
-def compiled(stored: StoredCatalog) -> Catalog:
-    """``stored`` compiled. A stored schema that no longer compiles (registered by a version
-    with other rules, or written by hand) is logged and its type checked by nothing."""
+# Compiled types kept across a tenant's lookups: name → (digest of its schema, validator; None
+# for a stored schema that is refused).
+Compiled = dict[str, tuple[str, Validator | None]]
+
+
+def _digest(stored: StoredCatalog, name: str, schema: dict[str, Any]) -> str:
+    found = stored.versions.get(name)
+    return found if found is not None else hashlib.sha256(msgspec.json.encode(schema)).hexdigest()
+
+
+def compiled(stored: StoredCatalog, known: Compiled | None = None) -> Catalog:
+    """``stored`` compiled. A stored schema was checked against the metaschema when it was
+    registered and is not again (its references and expanded size are: cheap, and they bound
+    what a check costs). A stored schema that no longer compiles (registered by a version with
+    other rules, or written by hand) is logged and its type checked by nothing.
+
+    ``known``, the types compiled by a previous call for the same tenant, is updated in place:
+    only a type that is new or whose schema changed is compiled, the others reuse their
+    validator (a catalog is read again at every change and TTL, and compiling is synchronous)."""
+    previous = known if known is not None else {}
+    now: Compiled = {}
     validators: dict[str, Validator] = {}
     for name, schema in stored.schemas.items():
-        try:
-            validators[name] = compile_schema(schema)
-        except SchemaRefused as exc:
-            log.warning("event type %r: its stored schema is refused (%s); not checked", name, exc)
+        digest = _digest(stored, name, schema)
+        kept = previous.get(name)
+        if kept is not None and kept[0] == digest:
+            validator = kept[1]
+        else:
+            try:
+                validator = _compiled(schema) if isinstance(schema, dict) else compile_schema(schema)
+            except SchemaRefused as exc:
+                log.warning(
+                    "event type %r: its stored schema is refused (%s); not checked", name, exc
+                )
+                validator = None
+        now[name] = (digest, validator)
+        if validator is not None:
+            validators[name] = validator
+    if known is not None:
+        known.clear()
+        known.update(now)
     return Catalog(stored.strict, validators)
 
 
@@ -373,6 +420,9 @@ class Catalogs:
         self._kept: dict[uuid.UUID, tuple[Catalog, float]] = {}
         self._pending: dict[uuid.UUID, _Lookup] = {}
         self._forgotten = 0
+        # Kept when a tenant's catalog is forgotten: its types that did not change are not
+        # compiled again.
+        self._compiled: dict[uuid.UUID, Compiled] = {}
 
     async def of(self, tenant_id: uuid.UUID) -> Catalog:
         """Trio-flavoured. The tenant's catalog (from the cache when it is fresh)."""
@@ -394,7 +444,8 @@ class Catalogs:
         pending = self._pending[tenant_id] = _Lookup()
         forgotten = self._forgotten
         try:
-            pending.answer = compiled(await self._lookup(tenant_id))
+            stored = await self._lookup(tenant_id)
+            pending.answer = compiled(stored, self._compiled.setdefault(tenant_id, {}))
         except Exception as exc:
             pending.error = exc
             raise
