@@ -382,7 +382,9 @@ def compiled(stored: StoredCatalog, known: Compiled | None = None) -> Catalog:
             validator = kept[1]
         else:
             try:
-                validator = _compiled(schema) if isinstance(schema, dict) else compile_schema(schema)
+                if not isinstance(schema, dict):  # written by hand
+                    raise SchemaRefused("$", "a schema must be a JSON object")
+                validator = _compiled(schema)
             except SchemaRefused as exc:
                 log.warning(
                     "event type %r: its stored schema is refused (%s); not checked", name, exc
