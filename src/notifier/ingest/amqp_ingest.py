@@ -126,7 +126,7 @@ class AmqpIngest:
         self._tenants = caches.cache(store.tenant_ids_by_names)
         # Each tenant's event-type catalog, forgotten with its tenant on every NOTIFY.
         self._catalogs = Catalogs(store.event_catalog)
-        caches.register(self._catalogs)
+        caches.register(self._catalogs, catalog=True)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()
         self._ingested = (metrics or Metrics()).events_ingested.labels(source="amqp")

@@ -83,7 +83,7 @@ def create_app(
     max_attempts = max_attempts_by_type(config)
     caches = tenant_caches or TenantCaches()
     catalogs = Catalogs(store.event_catalog)
-    caches.register(catalogs)
+    caches.register(catalogs, catalog=True)
 
     async def read_snapshot() -> MetricsSnapshot:
         return await store.metrics_snapshot(config.maintenance.retention_days)
