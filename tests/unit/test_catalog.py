@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -121,13 +122,23 @@ def test_a_schema_that_cannot_be_used_is_refused_naming_where(
         {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"},
         {"$defs": {"a": {"$anchor": "money", "type": "number"}}, "$ref": "#money"},
         # Shared definitions, referenced many times: each counted where it is referenced.
-        {"$defs": {"money": {"type": "number", "minimum": 0},
-                   "line": {"type": "object", "properties": {"price": {"$ref": "#/$defs/money"},
-                                                             "tax": {"$ref": "#/$defs/money"}}}},
-         "properties": {"lines": {"type": "array", "items": {"$ref": "#/$defs/line"}},
-                        "total": {"$ref": "#/$defs/money"},
-                        "either": {"anyOf": [{"$ref": "#/$defs/line"},
-                                             {"$ref": "#/$defs/money"}]}}},
+        {
+            "$defs": {
+                "money": {"type": "number", "minimum": 0},
+                "line": {
+                    "type": "object",
+                    "properties": {
+                        "price": {"$ref": "#/$defs/money"},
+                        "tax": {"$ref": "#/$defs/money"},
+                    },
+                },
+            },
+            "properties": {
+                "lines": {"type": "array", "items": {"$ref": "#/$defs/line"}},
+                "total": {"$ref": "#/$defs/money"},
+                "either": {"anyOf": [{"$ref": "#/$defs/line"}, {"$ref": "#/$defs/money"}]},
+            },
+        },
         anyof_chain(7),  # 2**7 branches: within the bound
         {"pattern": "^(a+)+$"},  # backtracks exponentially in Python's re; linear here
         {"const": {"$ref": "not a reference: data"}},  # values are not schemas
@@ -368,3 +379,73 @@ async def test_the_api_forgets_its_own_changes_at_once(mock_clock: trio.testing.
     assert (await patch.get_json()) == {"id": str(next(iter(store.tenants.values()))),
                                         "strict_event_types": True}  # fmt: skip
     assert await post("order.placed", {}) == 422
+
+
+async def test_a_rebuilt_catalog_compiles_only_the_types_that_changed(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Every TTL expiry and every change reads the catalog again: a type whose schema did not
+    change keeps its validator (compiling is synchronous, on the event loop)."""
+    store = CountingStore()
+    store.catalogs[TENANT] = StoredCatalog(False, {"a": ORDER, "b": {"type": "object"}})
+    catalogs = Catalogs(store.event_catalog)
+    first = await catalogs.of(TENANT)
+    await trio.sleep(CATALOG_CACHE_SECONDS)  # expired: read again, nothing changed
+    again = await catalogs.of(TENANT)
+    assert store.lookups == [TENANT, TENANT]
+    assert again.validators["a"] is first.validators["a"]
+    assert again.validators["b"] is first.validators["b"]
+    store.catalogs[TENANT] = StoredCatalog(False, {"a": ORDER, "b": {"type": "array"}})
+    catalogs.forget(TENANT)  # what the NOTIFY on notifier_catalogs does
+    changed = await catalogs.of(TENANT)
+    assert changed.validators["a"] is first.validators["a"]
+    assert changed.validators["b"] is not first.validators["b"]
+    changed.check("b", [])
+
+
+def api_app(store: MemoryApiStore) -> Any:
+    return create_app(store, parse_config({"workers": {"webhook": {}}}, env={}),
+                      {"webhook": RecordingAdapter("webhook")})  # fmt: skip
+
+
+async def test_the_api_refuses_a_schema_whose_check_is_unbounded(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryApiStore()
+    await store.create_tenant("a", hash_api_key("key-a"))
+    client = api_app(store).test_client()
+    auth = {"Authorization": "Bearer key-a"}
+    for name, schema in HOSTILE.items():
+        resp = await client.put(f"/v1/event-types/{name}", json={"schema": schema}, headers=auth)
+        assert resp.status_code == 422
+        body = await resp.get_json()
+        assert body["error"]["code"] == "invalid_schema", body
+        assert ("recursive" if name == "recursive-anyOf" else "nodes with every $ref inlined") in (
+            body["error"]["message"]
+        )
+    assert store.event_types == {}
+    shared = await client.put("/v1/event-types/order.placed", json={"schema": ORDER}, headers=auth)
+    assert shared.status_code == 201
+
+
+async def test_a_tenants_schemas_are_bounded_in_all(mock_clock: trio.testing.MockClock) -> None:
+    store = MemoryApiStore()
+    await store.create_tenant("a", hash_api_key("key-a"))
+    client = api_app(store).test_client()
+    auth = {"Authorization": "Bearer key-a"}
+    schema = {"description": "x" * 60_000}
+    fit = MAX_CATALOG_BYTES // len(msgspec.json.encode(schema))
+    for i in range(fit):
+        put = await client.put(f"/v1/event-types/t{i}", json={"schema": schema}, headers=auth)
+        assert put.status_code == 201
+    resp = await client.put("/v1/event-types/one.more", json={"schema": schema}, headers=auth)
+    assert resp.status_code == 422
+    body = await resp.get_json()
+    assert body["error"]["code"] == "catalog_too_large"
+    assert f"at most {MAX_CATALOG_BYTES} in all" in body["error"]["message"]
+    assert len(store.event_types) == fit
+    # Replacing a type counts its new schema instead of its old one.
+    put = await client.put("/v1/event-types/t0", json={"schema": {}}, headers=auth)
+    assert put.status_code == 200
+    resp = await client.put("/v1/event-types/one.more", json={"schema": schema}, headers=auth)
+    assert resp.status_code == 201
