@@ -79,6 +79,12 @@ class EventTypeQueries(Queries):
         )
 
     @crossing
+    async def stored_idempotency_keys(self, tenant_id: uuid.UUID, keys: list[str]) -> set[str]:
+        """Those of ``keys`` that an event of the tenant's is stored with."""
+        rows = await self._pool.fetch(Q["stored_idempotency_keys"], tenant_id, keys)
+        return {r["idempotency_key"] for r in rows}
+
+    @crossing
     async def strict_event_types(self, tenant_id: uuid.UUID) -> bool:
         return bool(await self._pool.fetchval(Q["tenant_strict_get"], tenant_id))
 

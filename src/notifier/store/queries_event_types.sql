@@ -47,3 +47,8 @@ UPDATE tenants SET strict_event_types = $2 WHERE id = $1 RETURNING strict_event_
 
 -- name: tenant_strict_set_by_name
 UPDATE tenants SET strict_event_types = $2 WHERE name = $1 RETURNING id;
+
+-- name: stored_idempotency_keys
+-- Which of the keys $2 the tenant's stored events hold (AMQP ingest: a redelivered message
+-- whose event is stored already is not checked against the catalog again).
+SELECT idempotency_key FROM event_keys WHERE tenant_id = $1 AND idempotency_key = ANY($2::text[]);
