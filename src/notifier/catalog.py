@@ -3,18 +3,21 @@ the payloads of that type must match, and the tenant's ``strict_event_types`` sw
 has not registered is then refused).
 
 ``compile_schema`` checks a schema before it is stored (the metaschema, its size, only local
-``$ref``\\ s that resolve, patterns the linear-time regex engine takes); ``Catalog.check``
-checks an event; and
+``$ref``\\ s that resolve, patterns the linear-time regex engine takes, no recursion and at most
+``MAX_EXPANDED_NODES`` with every ``$ref`` inlined); ``Catalog.check`` checks an event; and
 ``Catalogs`` keeps each tenant's compiled catalog in an ingest process for
 ``CATALOG_CACHE_SECONDS``, forgotten as soon as the tenant's catalog changes (the NOTIFY on
-``notifier_tenants``, through ``tenants.TenantCaches``), so that checking an event costs no
-round trip to Postgres.
+``notifier_catalogs``, or on ``notifier_tenants`` for the switch, through
+``tenants.TenantCaches``), so that checking an event costs no round trip to Postgres; reading
+it again compiles only the types whose schema changed.
 
-Validation is ``jsonschema_rs`` (Rust; about a microsecond for a small payload, where the
-pure-Python ``jsonschema`` takes some 80). Its ``pattern``\\ s run on a regex engine without
+Validation is ``jsonschema_rs`` (Rust; about half a microsecond for a small payload, where the
+pure-Python ``jsonschema`` takes some 80). It runs on the event loop and holds the GIL, so what
+a check may cost is bounded at registration: its ``pattern``\\ s run on a regex engine without
 backtracking, so a pattern cannot take exponential time (a pure-Python validator gives a
-tenant a way to freeze the process's event loop with ``(a+)+$``); the price is that lookaround
-and backreferences are refused at registration.
+tenant a way to freeze the process's event loop with ``(a+)+$``; the price is that lookaround
+and backreferences are refused at registration), and a schema may not be recursive nor expand
+(``anyOf`` branches referencing the same definitions multiply) beyond ``MAX_EXPANDED_NODES``.
 
 What is not checked: ``format`` is an annotation (draft 2020-12's default): ``"format":
 "email"`` does not refuse a string that is not one. Remote references are never retrieved: a
@@ -365,8 +368,9 @@ def _digest(stored: StoredCatalog, name: str, schema: dict[str, Any]) -> str:
 
 def compiled(stored: StoredCatalog, known: Compiled | None = None) -> Catalog:
     """``stored`` compiled. A stored schema was checked against the metaschema when it was
-    registered and is not again (its references and expanded size are: cheap, and they bound
-    what a check costs). A stored schema that no longer compiles (registered by a version with
+    registered and is not again here (the validator's constructor still checks it on its own:
+    ``jsonschema_rs`` has no switch for that); its references and expanded size are, as they
+    bound what a check costs. A stored schema that no longer compiles (registered by a version with
     other rules, or written by hand) is logged and its type checked by nothing.
 
     ``known``, the types compiled by a previous call for the same tenant, is updated in place:

@@ -2,9 +2,9 @@
 catalog (``notifier.catalog``) — register, read, list and delete types with their JSON Schemas,
 export them for receivers as an OpenAPI document — and its ``strict_event_types`` switch.
 
-A change is NOTIFYed to every ingest process (the trigger on ``event_types``, and on ``tenants``
-for the switch); this process forgets the tenant's catalog at once as well, without waiting for
-the notification."""
+A change is NOTIFYed to every ingest process (the trigger on ``event_types``, on
+``notifier_catalogs``; the one on ``tenants`` for the switch); this process forgets the tenant's
+catalog at once as well, without waiting for the notification."""
 
 from __future__ import annotations
 
