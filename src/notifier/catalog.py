@@ -235,7 +235,10 @@ def expanded_size(schema: dict[str, Any]) -> int:
     """The size of ``schema`` with every local ``$ref`` inlined (JSON values); ``SchemaRefused``
     when it is recursive, uses ``$dynamicRef``/``$recursiveRef`` or is over
     ``MAX_EXPANDED_NODES``."""
-    return _Expansion(schema).size(schema, "$")
+    try:
+        return _Expansion(schema).size(schema, "$")
+    except RecursionError:  # a chain of references (or of nesting) thousands deep
+        raise SchemaRefused("$", "references or nesting too deep to expand") from None
 
 
 def _validator(schema: dict[str, Any]) -> Validator:

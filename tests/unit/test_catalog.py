@@ -103,6 +103,9 @@ HOSTILE = {"anyOf-chain": anyof_chain(18), "recursive-anyOf": RECURSIVE_ANYOF}
          '$["$defs"].b.not["$ref"]', "recursive"),
         ({"$dynamicRef": "#node"}, '$["$dynamicRef"]', "not supported"),
         ({"$recursiveRef": "#"}, '$["$recursiveRef"]', "not supported"),
+        ({"$ref": "#/$defs/0", "$defs": {str(i): {"$ref": f"#/$defs/{i + 1}"}
+                                         for i in range(2_000)} | {"2000": {}}},
+         "$", "too deep"),  # fits in 64 KiB; a Python stack does not hold it
     ],
 )  # fmt: skip
 def test_a_schema_that_cannot_be_used_is_refused_naming_where(
