@@ -11,16 +11,17 @@ CREATE TABLE IF NOT EXISTS event_types (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, name)
 );
--- A change to a tenant's catalog is NOTIFYed on `notifier_tenants` with the tenant's id, as a
--- change to the tenant itself is: each ingest process forgets the tenant's compiled catalog
--- (and its cached key, looked up again once) at once.
+-- A change to a tenant's catalog is NOTIFYed on `notifier_catalogs` with the tenant's id: each
+-- ingest process forgets the tenant's compiled catalog at once. A channel of its own, not
+-- `notifier_tenants`: that one also empties the caches of API keys (the unknown ones of every
+-- tenant), which a tenant must not be able to do at will by writing its catalog.
 CREATE OR REPLACE FUNCTION notifier_event_types_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM pg_notify('notifier_tenants', OLD.tenant_id::text);
+        PERFORM pg_notify('notifier_catalogs', OLD.tenant_id::text);
     ELSE
-        PERFORM pg_notify('notifier_tenants', NEW.tenant_id::text);
+        PERFORM pg_notify('notifier_catalogs', NEW.tenant_id::text);
     END IF;
     RETURN NULL;
 END;

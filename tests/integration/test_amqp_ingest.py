@@ -303,6 +303,36 @@ async def test_a_replay_is_acked_and_writes_nothing(
     assert (await ready(broker_url, QUEUE), await ready(broker_url, DLQ)) == (0, 0)
 
 
+async def test_a_redelivery_stored_before_its_schema_changed_is_a_replay(
+    database_url: str, broker_url: str, vhost: str
+) -> None:
+    """An event stored, the process gone before its ack, and the type's schema changed so that
+    the event no longer matches: the redelivered message is a replay (acked, nothing written),
+    not a schema_violation in the dead-letter queue, while its event is stored."""
+    await create_tenant(database_url, "billing")
+    config = ingest_config(database_url, broker_url, batch_linger_seconds=0)
+    first = Message(event(0), message_id="stored-before")
+    async with running_ingest(config) as ingest:
+        await publish(broker_url, [first])
+        with trio.fail_after(20):
+            await wait_until(lambda: ingest.statistics().stored == 1)
+    await sql(
+        database_url,
+        "INSERT INTO event_types (tenant_id, name, schema) SELECT id, 'order.created', "
+        """'{"properties": {"n": {"minimum": 1}}}'::jsonb FROM tenants WHERE name = 'billing'""",
+    )
+    async with running_ingest(config) as ingest:  # a process that reads the new schema
+        await publish(broker_url, [first, Message(event(0), message_id="new")])
+        with trio.fail_after(20):
+            await wait_until(lambda: ingest.statistics().dead_lettered == 1)
+        stats = ingest.statistics()
+    assert (stats.stored, stats.replays, stats.dead_lettered) == (0, 1, 1)
+    assert [m.message_id for m in await take_all(broker_url, DLQ)] == ["new"]
+    assert await ready(broker_url, QUEUE) == 0
+    stored = await sql(database_url, "SELECT idempotency_key FROM events")
+    assert [r[0] for r in stored] == ["stored-before"]
+
+
 class PgProxy:
     """A TCP proxy in front of Postgres that can be cut: while cut, it drops the connections
     it carries and closes new ones at once, as an unreachable database would look."""

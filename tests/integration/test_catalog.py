@@ -19,10 +19,12 @@ import pytest
 import trio
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from notifier.catalog import MAX_SCHEMA_BYTES
+from notifier.catalog import MAX_CATALOG_BYTES, MAX_EXPANDED_NODES, MAX_SCHEMA_BYTES
+from notifier.ingest.tenants import TenantCaches
 from tests.integration.conftest import make_config, poll, run_notifier, sql
 from tests.integration.test_api import Api, api_db, assert_error, open_api, refused
 from tests.integration.test_cli import config_file, notifier
+from tests.unit.test_catalog import HOSTILE
 
 __all__ = ["api_db"]  # the fixture, shared with test_api
 
@@ -151,6 +153,25 @@ SCHEMA_REFUSALS = {
     "lookaround": ({"pattern": "(?=x)"}, "$.pattern"),  # the regex engine never backtracks
     "other-draft": ({"$schema": "http://json-schema.org/draft-07/schema#"}, '$["$schema"]'),
     "too-big": ({"description": "x" * MAX_SCHEMA_BYTES}, f"at most {MAX_SCHEMA_BYTES} bytes"),
+    # Checks whose work has no bound: refused before any event is checked with them.
+    "anyOf-chain": (HOSTILE["anyOf-chain"], f"over {MAX_EXPANDED_NODES} nodes with every $ref"),
+    "recursive-anyOf": (HOSTILE["recursive-anyOf"], "recursive (a $ref cycle)"),
+    "dynamic-ref": ({"$dynamicRef": "#node"}, "$dynamicRef is not supported"),
+}
+# Definitions shared by many references are fine: each is counted where it is referenced.
+SHARED_DEFS = {
+    "$defs": {
+        "money": {"type": "number", "minimum": 0},
+        "line": {
+            "type": "object",
+            "properties": {"price": {"$ref": "#/$defs/money"}, "tax": {"$ref": "#/$defs/money"}},
+        },
+    },
+    "type": "object",
+    "properties": {
+        "lines": {"type": "array", "items": {"$ref": "#/$defs/line"}},
+        "total": {"anyOf": [{"$ref": "#/$defs/money"}, {"$ref": "#/$defs/line"}]},
+    },
 }
 
 
@@ -171,6 +192,30 @@ async def test_a_schema_that_cannot_be_used_is_refused_naming_where(api: Api) ->
         json={"schema": {}, "description": "x" * 2001},
     )  # fmt: skip
     assert (await api.a.get("/v1/event-types")).json() == {"items": []}
+    assert (await register(api.a, "order.shared", SHARED_DEFS)).status_code == 201
+    assert (
+        await post(api.a, "order.shared", {"lines": [{"price": 1}], "total": 2})
+    ).status_code == 202
+    assert (await post(api.a, "order.shared", {"lines": [{"price": -1}]})).status_code == 422
+
+
+async def test_a_tenants_schemas_are_bounded_in_all(api: Api) -> None:
+    """At most ``MAX_CATALOG_BYTES`` of schemas per tenant (as Postgres prints them): what an
+    ingest process holds and compiles for one tenant is bounded."""
+    schema = {"description": "x" * 60_000}
+    stored = 0
+    while True:
+        resp = await register(api.a, f"t.{stored}", schema)
+        if resp.status_code != 201:
+            break
+        stored += 1
+    assert_error(resp, 422, "catalog_too_large", f"at most {MAX_CATALOG_BYTES} in all")
+    assert stored == MAX_CATALOG_BYTES // (60_000 + len('{"description": ""}'))
+    assert len((await api.a.get("/v1/event-types")).json()["items"]) == stored
+    # Another tenant has a bound of its own; a replaced type counts its new schema only.
+    assert (await register(api.b, "t.0", schema)).status_code == 201
+    assert (await register(api.a, "t.0", {})).status_code == 200
+    assert (await register(api.a, "t.last", schema)).status_code == 201
 
 
 async def test_the_catalog_is_exported_as_an_openapi_31_document(api: Api) -> None:
@@ -252,3 +297,69 @@ async def test_an_operator_turns_strict_mode_on_and_off_with_the_cli(
     wrong = await cli("tenant", "strict-event-types", "acme", "maybe")
     assert wrong.returncode == 2
     assert "invalid choice: 'maybe'" in wrong.stderr
+
+
+class Forgotten:
+    """A cache registered with a process's ``TenantCaches`` as the caches of API keys are (not
+    as a catalog): records each tenant it is told to forget."""
+
+    def __init__(self) -> None:
+        self.tenants: list[uuid.UUID] = []
+
+    def forget(self, tenant_id: uuid.UUID) -> None:
+        self.tenants.append(tenant_id)
+
+    def forget_all(self) -> None:
+        pass
+
+
+async def test_a_type_change_reaches_another_process_on_its_own_channel(
+    tmp_path: Path, database_url: str, broker_url: str
+) -> None:
+    """A type registered through one ingest process reaches another's cached catalog (TTL
+    30 s) within moments, through ``notifier_catalogs``; the other's caches of API keys are
+    not touched (a tenant writing its catalog must not empty them for every tenant), while a
+    change of the tenant itself still reaches both."""
+    cfg = str(config_file(tmp_path, database_url))
+    created = await trio.to_thread.run_sync(
+        lambda: notifier("tenant", "create", "acme", "--config", cfg)
+    )
+    key = json.loads(created.stdout)["api_key"]
+    tenant_id = uuid.UUID(json.loads(created.stdout)["id"])
+    keys_of_b = Forgotten()
+    caches_b = TenantCaches(ttl_seconds=60)
+    caches_b.register(keys_of_b)
+    config = make_config(database_url, broker_url)
+    async with (
+        run_notifier(config, ("ingest",)) as a,
+        run_notifier(config, ("ingest",), tenant_caches=caches_b) as b,
+        a.client(key) as client_a,
+        b.client(key) as client_b,
+    ):
+        assert (await post(client_b, "order.placed", {"x": 1})).status_code == 202  # cached
+        put = await register(client_a, "order.placed", {"type": "object", "required": ["id"]})
+        assert put.status_code == 201, put.text
+
+        async def refused_by_b() -> bool:
+            return (await post(client_b, "order.placed", {"x": 1})).status_code == 422
+
+        with trio.fail_after(5):
+            await poll(refused_by_b)
+        assert (await client_a.delete("/v1/event-types/order.placed")).status_code == 204
+
+        async def taken_by_b() -> bool:
+            return (await post(client_b, "order.placed", {"x": 1})).status_code == 202
+
+        with trio.fail_after(5):
+            await poll(taken_by_b)
+        assert keys_of_b.tenants == []  # the key caches heard nothing of it
+        await sql(
+            database_url, "UPDATE tenants SET strict_event_types = true WHERE id = $1", tenant_id
+        )
+
+        async def heard() -> bool:
+            return keys_of_b.tenants == [tenant_id]
+
+        with trio.fail_after(5):
+            await poll(heard)  # the tenants' channel still reaches every cache
+        assert (await post(client_b, "order.other", {})).status_code == 422  # strict now

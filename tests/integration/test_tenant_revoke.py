@@ -16,7 +16,7 @@ import trio
 from notifier import cli
 from notifier.ingest.amqp_messages import ERROR_CODE_HEADER
 from notifier.ingest.tenants import TenantCaches, hash_api_key
-from notifier.store.listen import TENANTS_CHANNEL
+from notifier.store.listen import CATALOGS_CHANNEL
 from tests.integration.conftest import Running, make_config, poll, run_notifier, scalar, sql
 from tests.integration.test_amqp_ingest import DLQ, Message, event, ingest_config, publish, take_all
 
@@ -121,9 +121,9 @@ async def test_a_lost_listen_is_opened_again_and_then_forgets_at_once_again(
 ) -> None:
     cfg = config_file(tmp_path, database_url)
     key = json.loads(await tenant_cli(capsys, cfg, "create", "acme"))["api_key"]
-    listeners = (
+    listeners = (  # the tenants' and the catalogs' channels, on one connection: LISTENed last
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        f"AND query = 'LISTEN \"{TENANTS_CHANNEL}\"'"
+        f"AND query = 'LISTEN \"{CATALOGS_CHANNEL}\"'"
     )
     async with two_ingest_processes(database_url, broker_url) as fleet:
         pids: set[int] = set()

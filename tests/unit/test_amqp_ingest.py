@@ -17,7 +17,7 @@ import trio.testing
 from notifier.broker.amqp_publisher import id_rounds
 from notifier.broker.base import Confirm, Incoming, Outgoing, Settle
 from notifier.broker.topology import ingest_topology
-from notifier.catalog import StoredCatalog
+from notifier.catalog import CATALOG_CACHE_SECONDS, StoredCatalog
 from notifier.config import Config, parse_config
 from notifier.errors import ConfigError, StoreError, StoreUnavailable, UnstorableText
 from notifier.ingest import jsonguard
@@ -261,6 +261,12 @@ class FakeStore:
         self.catalog_lookups += 1
         return self.catalogs.get(tenant_id, StoredCatalog(False, {}))
 
+    async def stored_idempotency_keys(self, tenant_id: uuid.UUID, keys: list[str]) -> set[str]:
+        await trio.lowlevel.checkpoint()
+        if self.down:
+            raise StoreUnavailable("Postgres unavailable")
+        return {k for k in keys if (tenant_id, k) in self._keys}
+
     @property
     def stored(self) -> list[NewEvent]:
         return [e for t in self.transactions for e in t]
@@ -417,6 +423,31 @@ async def test_the_event_type_catalog_dead_letters_what_it_refuses(
     # Read once per tenant, then from the cache until a change forgets it (or 30 s pass).
     await s.ingest.handle([s.message(body(), message_id="again")])
     assert s.store.catalog_lookups == 2
+
+
+async def test_a_redelivered_message_stored_before_its_schema_changed_is_a_replay(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Stored, then the process stopped before the ack; meanwhile the type's schema changed so
+    that the event no longer matches. The redelivery is acked as the replay it is, not
+    dead-lettered as a schema violation (its event is stored); a new message is refused."""
+    s = Setup()
+    tenant = TENANT_IDS["billing"]
+    await s.ingest.handle([s.message(body(payload={"n": 0}), message_id="stored")])
+    assert [e.idempotency_key for e in s.store.stored] == ["stored"]
+    s.store.catalogs[tenant] = StoredCatalog(False, {"order.created": ORDER_SCHEMA})
+    await trio.sleep(CATALOG_CACHE_SECONDS)  # the cached catalog expired: the new one applies
+    again = s.message(body(payload={"n": 0}), message_id="stored")
+    new = s.message(body(payload={"n": 0}), message_id="new")
+    await s.ingest.handle([again, new])
+    assert s.settled[again.delivery_tag] == Settle.ACK
+    assert s.settled[new.delivery_tag] == Settle.ACK
+    assert s.dead() == {
+        "new": ("schema_violation", "payload at $.n: 0 is less than the minimum of 1 "
+                "(schema of event type 'order.created')"),
+    }  # fmt: skip
+    assert [e.idempotency_key for e in s.store.stored] == ["stored"]
+    assert s.ingest.statistics().replays == 1
 
 
 async def test_postgres_unreachable_holds_the_batch_then_requeues_it(

@@ -19,7 +19,11 @@ from notifier.ingest.tenants import (
     TenantCaches,
     keep_tenant_caches_fresh,
 )
-from notifier.store.listen import RELISTEN_INITIAL_BACKOFF_SECONDS
+from notifier.store.listen import (
+    CATALOGS_CHANNEL,
+    RELISTEN_INITIAL_BACKOFF_SECONDS,
+    TENANTS_CHANNEL,
+)
 
 A, B = uuid.uuid4(), uuid.uuid4()
 
@@ -120,11 +124,11 @@ async def test_tenant_caches_reach_every_cache_and_keep_none_alive(
 
 
 class FakeChanges:
-    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel[tuple[str, str]] | None) -> None:
         self._receive = receive
         self.listening = receive is not None
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    async def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
         if self._receive is None:
             await trio.sleep_forever()
         else:
@@ -138,7 +142,7 @@ class FakeListenStore:
 
     def __init__(self, *, can_listen: bool = True) -> None:
         self.can_listen = can_listen
-        self.connections: list[trio.MemorySendChannel[str]] = []
+        self.connections: list[trio.MemorySendChannel[tuple[str, str]]] = []
         self.opened_at: list[float] = []
         self.refuse = 0
 
@@ -151,7 +155,7 @@ class FakeListenStore:
         if not self.can_listen:
             yield FakeChanges(None)
             return
-        send, receive = trio.open_memory_channel[str](10)
+        send, receive = trio.open_memory_channel[tuple[str, str]](10)
         self.connections.append(send)
         yield FakeChanges(receive)
 
@@ -169,10 +173,51 @@ async def test_a_notification_forgets_its_tenant_in_every_cache(
     async with trio.open_nursery() as nursery:
         await nursery.start(keep_tenant_caches_fresh, store, caches)
         one, two = await cached(caches), await cached(caches)
-        await store.connections[0].send(str(A))
+        await store.connections[0].send((TENANTS_CHANNEL, str(A)))
         await trio.testing.wait_all_tasks_blocked()
         assert (len(one), len(two)) == (1, 1)  # B's entries stay
         assert trio.current_time() == 0  # at once, not after a TTL
+        nursery.cancel_scope.cancel()
+
+
+class ForgottenCatalogs:
+    """A catalog cache as ``TenantCaches`` reaches it: records what it was told to forget."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[uuid.UUID | None] = []
+
+    def forget(self, tenant_id: uuid.UUID) -> None:
+        self.forgotten.append(tenant_id)
+
+    def forget_all(self) -> None:
+        self.forgotten.append(None)
+
+
+async def test_a_catalog_change_forgets_the_catalog_and_leaves_the_key_caches_alone(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A tenant writing its event types (NOTIFYed on ``notifier_catalogs``) must not empty the
+    keys cached (nor the unknown keys remembered) for every tenant."""
+    store, caches = FakeListenStore(), TenantCaches(ttl_seconds=60)
+    catalogs = ForgottenCatalogs()
+    caches.register(catalogs, catalog=True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(keep_tenant_caches_fresh, store, caches)
+        lookups = Lookups()
+        keys = caches.cache(lookups, remember_unknown=True)
+        await keys.resolve(["key-a", "key-b", "nobody's key"])
+        assert (len(keys), keys.unknown_count) == (2, 1)
+        catalogs.forgotten.clear()  # the LISTEN's start forgot everything
+        await store.connections[0].send((CATALOGS_CHANNEL, str(A)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert catalogs.forgotten == [A]
+        assert (len(keys), keys.unknown_count) == (2, 1)
+        await keys.resolve(["key-a", "nobody's key"])
+        assert len(lookups.calls) == 1  # no lookup: all still cached
+        await store.connections[0].send((TENANTS_CHANNEL, str(A)))  # the tenant's row changed
+        await trio.testing.wait_all_tasks_blocked()
+        assert catalogs.forgotten == [A, A]  # its strict_event_types may have
+        assert (len(keys), keys.unknown_count) == (1, 0)
         nursery.cancel_scope.cancel()
 
 
@@ -183,7 +228,7 @@ async def test_a_payload_that_is_no_tenant_id_forgets_everything(
     async with trio.open_nursery() as nursery:
         await nursery.start(keep_tenant_caches_fresh, store, caches)
         cache = await cached(caches)
-        await store.connections[0].send("<not a uuid>")
+        await store.connections[0].send((TENANTS_CHANNEL, "<not a uuid>"))
         await trio.testing.wait_all_tasks_blocked()
         assert len(cache) == 0
         nursery.cancel_scope.cancel()
@@ -209,7 +254,7 @@ async def test_a_lost_listen_is_opened_again_and_forgets_everything_then(
         assert len(store.connections) == 2
         assert len(cache) == 0
         await cache.resolve(["key-a", "key-b"])
-        await store.connections[1].send(str(B))
+        await store.connections[1].send((TENANTS_CHANNEL, str(B)))
         await trio.testing.wait_all_tasks_blocked()
         assert len(cache) == 1
         nursery.cancel_scope.cancel()

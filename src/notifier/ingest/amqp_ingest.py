@@ -67,6 +67,8 @@ class IngestStore(Protocol):
 
     async def event_catalog(self, tenant_id: uuid.UUID) -> StoredCatalog: ...
 
+    async def stored_idempotency_keys(self, tenant_id: uuid.UUID, keys: list[str]) -> set[str]: ...
+
     async def ingest_each(
         self, events: Sequence[tuple[uuid.UUID, NewEvent]], max_attempts: Mapping[str, int]
     ) -> list[Outcome]: ...
@@ -126,7 +128,7 @@ class AmqpIngest:
         self._tenants = caches.cache(store.tenant_ids_by_names)
         # Each tenant's event-type catalog, forgotten with its tenant on every NOTIFY.
         self._catalogs = Catalogs(store.event_catalog)
-        caches.register(self._catalogs)
+        caches.register(self._catalogs, catalog=True)
         self._max_attempts = max_attempts_by_type(config)
         self._stats = AmqpIngestStatistics()
         self._ingested = (metrics or Metrics()).events_ingested.labels(source="amqp")
@@ -230,15 +232,30 @@ class AmqpIngest:
         tenant_ids = await self._tenants.resolve(p.tenant for _, p in valid)
         refused: list[tuple[Incoming, Rejected]] = []
         items: list[tuple[Incoming, uuid.UUID, NewEvent]] = []
+        off_catalog: list[tuple[Incoming, uuid.UUID, NewEvent, Rejected]] = []
         for m, p in valid:
             tenant_id = tenant_ids.get(p.tenant)
             if tenant_id is None:
                 reason = f"tenant {p.tenant!r} (app_id {m.app_id!r}) does not exist or is disabled"
                 refused.append((m, Rejected("unknown_tenant", reason)))
             elif (wrong := await self._check(tenant_id, p.event)) is not None:
-                refused.append((m, wrong))
+                off_catalog.append((m, tenant_id, p.event, wrong))
             else:
                 items.append((m, tenant_id, p.event))
+        stored_keys: dict[uuid.UUID, set[str]] = {}  # one lookup per tenant with a refusal
+        for tenant_id in {t for _, t, _, _ in off_catalog}:
+            keys = {e.idempotency_key for _, t, e, _ in off_catalog if t == tenant_id}
+            wanted = sorted(k for k in keys if k is not None)
+            stored_keys[tenant_id] = (
+                await self._store.stored_idempotency_keys(tenant_id, wanted) if wanted else set()
+            )
+        for m, tenant_id, e, wrong in off_catalog:
+            if e.idempotency_key in stored_keys[tenant_id]:
+                # Stored already (a redelivery after a crash before the ack) while its type's
+                # schema has changed since: a replay, acked as such, not dead-lettered.
+                items.append((m, tenant_id, e))
+            else:
+                refused.append((m, wrong))
         if not items:
             return [], refused
         try:

@@ -73,7 +73,8 @@ def create_app(
     the broker's queue depths read with ``read_queue_depths`` (left out without it). The app's
     cache of tenants by API key is one of ``tenant_caches`` (the process's, which
     ``tenants.keep_tenant_caches_fresh`` empties on a tenant change; without it, a set of its
-    own: its entries then live their TTL); the event-type catalogs are forgotten with them.
+    own: its entries then live their TTL); the event-type catalogs are forgotten with them, and
+    alone on a change of a tenant's event types.
     ``environ`` holds the variable that ``ingest.metrics_token_env`` names (default: this
     process's environment). ``tracing``
     makes the ingest spans (README, Tracing; off by default)."""
@@ -83,7 +84,7 @@ def create_app(
     max_attempts = max_attempts_by_type(config)
     caches = tenant_caches or TenantCaches()
     catalogs = Catalogs(store.event_catalog)
-    caches.register(catalogs)
+    caches.register(catalogs, catalog=True)
 
     async def read_snapshot() -> MetricsSnapshot:
         return await store.metrics_snapshot(config.maintenance.retention_days)

@@ -47,9 +47,10 @@ def catalog_paths() -> dict[str, Any]:
             "draft 2020-12; `format` is not checked) by `POST /v1/events`, the batch route and "
             "AMQP ingest: a payload that does not match is refused with 422 "
             "`schema_violation`, naming the failing path. A schema that is not valid draft "
-            "2020-12, over 64 KiB, or with a `$ref` outside itself is refused with 422 "
-            "`invalid_schema` naming the path in the schema; a tenant has at most 200 types "
-            "(`too_many_event_types`).",
+            "2020-12, over 64 KiB, with a `$ref` outside itself, recursive, or over 5,000 "
+            "nodes with every `$ref` inlined is refused with 422 `invalid_schema` naming the "
+            "path in the schema; a tenant has at most 200 types (`too_many_event_types`) and "
+            "1 MiB of schemas in all (`catalog_too_large`).",
             body=ref(EventTypeIn), example=EXAMPLE_EVENT_TYPE,
         ),
         "get": op(

@@ -28,7 +28,8 @@ ERRORS = {
           "(`unsupported_media_type`)."),
     422: ("Unprocessable", "Valid JSON that breaks a rule (`validation_error`, "
           "`invalid_parameter`, `invalid_cursor`; the event-type catalog's `schema_violation`, "
-          "`unregistered_event_type`, `invalid_schema`, `too_many_event_types`); the message "
+          "`unregistered_event_type`, `invalid_schema`, `too_many_event_types`, "
+          "`catalog_too_large`); the message "
           "names the field, or the JSON path that fails (`payload at $.order.total: ...`)."),
     429: ("RateLimited", "Over the API key's event rate (`rate_limited`), or too many requests "
           "with a missing or unknown API key from the client's address "

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import trio
 
-from notifier.store.listen import relisten
+from notifier.store.listen import CATALOGS_CHANNEL, relisten
 
 log = logging.getLogger("notifier.ingest")
 
@@ -218,15 +218,25 @@ class Forgets(Protocol):
 class TenantCaches:
     """The tenant caches of one process, forgotten together: ``cache`` makes one (kept only
     as long as its user keeps it), ``register`` adds another kind, ``forget``/``forget_all``
-    reach every one."""
+    reach every one, ``forget_catalog`` only those registered as ``catalog`` (a change of a
+    tenant's event types, NOTIFYed on a channel of its own, leaves its keys alone)."""
 
     def __init__(self, ttl_seconds: float = TENANT_CACHE_SECONDS) -> None:
         self.ttl_seconds = ttl_seconds
         self._caches: weakref.WeakSet[Forgets] = weakref.WeakSet()
+        self._catalogs: weakref.WeakSet[Forgets] = weakref.WeakSet()
 
-    def register(self, cache: Forgets) -> None:
-        """Forget in ``cache`` too (kept only as long as its user keeps it)."""
+    def register(self, cache: Forgets, *, catalog: bool = False) -> None:
+        """Forget in ``cache`` too (kept only as long as its user keeps it); with ``catalog``,
+        on a change of the tenant's event-type catalog as well."""
         self._caches.add(cache)
+        if catalog:
+            self._catalogs.add(cache)
+
+    def forget_catalog(self, tenant_id: uuid.UUID) -> None:
+        """The tenant's event-type catalog changed: forget it in the catalog caches only."""
+        for cache in list(self._catalogs):
+            cache.forget(tenant_id)
 
     def cache(
         self,
@@ -248,14 +258,15 @@ class TenantCaches:
 
 
 class TenantChanges(Protocol):
-    """One LISTEN connection on the tenants' channel (``Store.open_tenant_changes``):
-    ``listening`` False when there is nothing to LISTEN on (iterating then waits for ever);
-    iterating yields the NOTIFY payloads (tenant ids) and ends when the connection is lost."""
+    """One LISTEN connection on the tenants' and the catalogs' channels
+    (``Store.open_tenant_changes``): ``listening`` False when there is nothing to LISTEN on
+    (iterating then waits for ever); iterating yields (channel, NOTIFY payload: a tenant id)
+    and ends when the connection is lost."""
 
     @property
     def listening(self) -> bool: ...
 
-    def __aiter__(self) -> AsyncIterator[str]: ...
+    def __aiter__(self) -> AsyncIterator[tuple[str, str]]: ...
 
 
 class TenantChangeStore(Protocol):
@@ -269,7 +280,8 @@ async def keep_tenant_caches_fresh(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Forget a tenant in ``caches`` on every NOTIFY of its id, for ever
-    (cancel it to stop).
+    (cancel it to stop): on the tenants' channel in every cache, on the catalogs' channel in
+    the catalog caches only.
 
     ``started()`` comes after the first LISTEN, or after it failed. Every (re)connected LISTEN
     forgets everything first (changes made while nobody listened were missed); a lost or
@@ -285,8 +297,8 @@ async def keep_tenant_caches_fresh(
                 "a changed tenant (key rotated, disabled) is refused at most %g s later",
                 caches.ttl_seconds,
             )
-        async for payload in changes:
-            _forget(caches, payload)
+        async for channel, payload in changes:
+            _forget(caches, payload, catalog=channel == CATALOGS_CHANNEL)
 
     ttl = f"{caches.ttl_seconds:g} s TTL"
     await relisten(
@@ -298,7 +310,7 @@ async def keep_tenant_caches_fresh(
     )  # fmt: skip
 
 
-def _forget(caches: TenantCaches, payload: str) -> None:
+def _forget(caches: TenantCaches, payload: str, *, catalog: bool) -> None:
     try:
         tenant_id = uuid.UUID(payload)
     except ValueError:
@@ -306,4 +318,7 @@ def _forget(caches: TenantCaches, payload: str) -> None:
         log.warning("unexpected tenant change notification: forgetting every tenant")
         caches.forget_all()
         return
-    caches.forget(tenant_id)
+    if catalog:
+        caches.forget_catalog(tenant_id)
+    else:
+        caches.forget(tenant_id)

@@ -147,6 +147,7 @@ class ApiStore(Protocol):
         description: str,
         schema: dict[str, Any],
         max_types: int,
+        max_bytes: int = ...,
     ) -> tuple[EventType, bool]: ...
 
     async def get_event_type(self, tenant_id: uuid.UUID, name: str) -> EventType | None: ...

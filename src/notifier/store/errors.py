@@ -59,3 +59,8 @@ class DeliveriesInFlight(StoreError):
 
 class TooManyEventTypes(StoreError):
     """A new event type for a tenant whose catalog is full (``catalog.MAX_EVENT_TYPES``)."""
+
+
+class CatalogTooLarge(StoreError):
+    """A type whose schema would make its tenant's schemas exceed ``catalog.MAX_CATALOG_BYTES``
+    in all."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from notifier.catalog import StoredCatalog
+from notifier.catalog import MAX_CATALOG_BYTES, StoredCatalog
 from notifier.store.base import Q, Row, crossing, transaction
-from notifier.store.errors import TooManyEventTypes
+from notifier.store.errors import CatalogTooLarge, TooManyEventTypes
 from notifier.store.pool import Queries
 from notifier.store.rows import EventType
 
@@ -33,13 +33,22 @@ class EventTypeQueries(Queries):
         description: str,
         schema: dict[str, Any],
         max_types: int,
+        max_bytes: int = MAX_CATALOG_BYTES,
     ) -> tuple[EventType, bool]:
         """Create or replace the type; the type and whether it is new. ``TooManyEventTypes``
-        for a new one when the tenant has ``max_types`` already."""
+        for a new one when the tenant has ``max_types`` already, ``CatalogTooLarge`` when the
+        tenant's schemas would take over ``max_bytes`` in all."""
         row = await self._pool.fetchrow(
-            Q["event_type_put"], tenant_id, name, description, schema, max_types
+            Q["event_type_put"], tenant_id, name, description, schema, max_types, max_bytes
         )
         if row is None:
+            usage = await self._pool.fetchrow(Q["event_catalog_usage"], tenant_id, name, schema)
+            assert usage is not None  # an aggregate: always a row
+            if usage["bytes"] + usage["new_bytes"] > max_bytes:
+                raise CatalogTooLarge(
+                    f"the tenant's schemas would take {usage['bytes'] + usage['new_bytes']} "
+                    f"bytes; at most {max_bytes} in all"
+                )
             raise TooManyEventTypes(f"at most {max_types} event types per tenant")
         return _event_type(row), bool(row["created"])
 
@@ -62,8 +71,18 @@ class EventTypeQueries(Queries):
         rows = await self._pool.fetch(Q["event_catalog"], tenant_id)
         if not rows:
             return StoredCatalog(False, {})
-        schemas = {r["name"]: r["schema"] for r in rows if r["name"] is not None}
-        return StoredCatalog(bool(rows[0]["strict_event_types"]), schemas)
+        named = [r for r in rows if r["name"] is not None]
+        return StoredCatalog(
+            bool(rows[0]["strict_event_types"]),
+            {r["name"]: r["schema"] for r in named},
+            {r["name"]: r["digest"] for r in named},
+        )
+
+    @crossing
+    async def stored_idempotency_keys(self, tenant_id: uuid.UUID, keys: list[str]) -> set[str]:
+        """Those of ``keys`` that an event of the tenant's is stored with."""
+        rows = await self._pool.fetch(Q["stored_idempotency_keys"], tenant_id, keys)
+        return {r["idempotency_key"] for r in rows}
 
     @crossing
     async def strict_event_types(self, tenant_id: uuid.UUID) -> bool:

@@ -1,7 +1,8 @@
 """LISTEN on a connection of its own (``listening``, which the outbox doorbell in ``outbox.py``
 uses too), and the tenants' changes as they happen: the channel that schema.sql's trigger
-NOTIFYs with a tenant's id on every UPDATE or DELETE of its row. Ingest forgets that tenant's
-cached keys (``notifier.ingest.tenants.keep_tenant_caches_fresh``).
+NOTIFYs with a tenant's id on every UPDATE or DELETE of its row, and the one its catalog's
+trigger NOTIFYs on a change of one of its event types. Ingest forgets that tenant's cached keys
+and catalog, or its catalog only (``notifier.ingest.tenants.keep_tenant_caches_fresh``).
 
 Never on a pooled connection: a LISTEN would stay on it for its next user, and behind a
 transaction pooler it would be lost with the transaction.
@@ -13,7 +14,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TypeVar
 
@@ -28,19 +29,28 @@ from notifier.store.base import UNAVAILABLE
 T = TypeVar("T")
 
 TENANTS_CHANNEL = "notifier_tenants"  # schema.sql's trigger notifier_tenant_changed()
+# schema.sql's trigger notifier_event_types_changed(): a tenant's event-type catalog changed.
+CATALOGS_CHANNEL = "notifier_catalogs"
 
 
 @asynccontextmanager
 async def listening(
-    dsn: str, channel: str, *, on_notify: Callable[[str], None], on_lost: Callable[[], None]
+    dsn: str,
+    channel: str,
+    *,
+    on_notify: Callable[[str], None],
+    on_lost: Callable[[], None],
+    also: Mapping[str, Callable[[str], None]] | None = None,
 ) -> AsyncIterator[None]:
     """Trio-flavoured. LISTEN on ``channel`` on a connection of its own while the block runs:
     ``on_notify(payload)`` for each notification and ``on_lost()`` once the connection is lost,
-    both called in trio's thread. The outbox doorbell and the tenants' changes listen so."""
+    both called in trio's thread. The outbox doorbell and the tenants' changes listen so.
+    ``also``: more channels LISTENed on the same connection, each with its ``on_notify``."""
     token = trio.lowlevel.current_trio_token()
+    handlers = {channel: on_notify, **(also or {})}
 
-    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-        token.run_sync_soon(on_notify, str(payload))  # asyncio-flavoured callback
+    def notified(_conn: object, _pid: int, channel: str, payload: object) -> None:
+        token.run_sync_soon(handlers[channel], str(payload))  # asyncio-flavoured callback
 
     unreadable = ""
     try:
@@ -58,7 +68,8 @@ async def listening(
         )
     try:
         try:
-            await aio(conn.add_listener, channel, notified)
+            for name in handlers:
+                await aio(conn.add_listener, name, notified)
         except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise StoreUnavailable(f"LISTEN failed: {exc!r}") from exc
         conn.add_termination_listener(lambda *_: token.run_sync_soon(on_lost))
@@ -75,18 +86,22 @@ async def listening(
 
 @asynccontextmanager
 async def open_tenant_changes(listen_dsn: str | None) -> AsyncIterator[TenantChanges]:
-    """Trio-flavoured. LISTEN on the tenants' channel on a connection of its own; iterate
-    the result for the ids of the tenants changed, until that connection is lost.
+    """Trio-flavoured. LISTEN on the tenants' channel and the catalogs' on a connection of its
+    own; iterate the result for (channel, id of the tenant changed), until that connection is
+    lost.
 
     Without a DSN to LISTEN on (behind a transaction pooler with no ``listen_url``) the
     result is not ``listening`` and its iteration never yields nor ends."""
     if listen_dsn is None:
         yield TenantChanges(None)
         return
-    send, receive = trio.open_memory_channel[str](math.inf)
+    send, receive = trio.open_memory_channel[tuple[str, str]](math.inf)
     try:
-        notified = functools.partial(_send, send)
-        async with listening(listen_dsn, TENANTS_CHANNEL, on_notify=notified, on_lost=send.close):
+        tenants = functools.partial(_send, send, TENANTS_CHANNEL)
+        catalogs = {CATALOGS_CHANNEL: functools.partial(_send, send, CATALOGS_CHANNEL)}
+        async with listening(
+            listen_dsn, TENANTS_CHANNEL, on_notify=tenants, on_lost=send.close, also=catalogs
+        ):
             yield TenantChanges(receive)
     finally:
         send.close()
@@ -141,17 +156,18 @@ async def relisten(
 
 
 class TenantChanges:
-    """The ids (as sent: text) of the tenants changed, as they are NOTIFYed; the iteration
-    ends when the LISTEN connection is lost. Not ``listening``: never yields nor ends."""
+    """(channel, id of the tenant changed, as sent: text), as they are NOTIFYed on
+    ``TENANTS_CHANNEL`` and ``CATALOGS_CHANNEL``; the iteration ends when the LISTEN connection
+    is lost. Not ``listening``: never yields nor ends."""
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[str] | None) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel[tuple[str, str]] | None) -> None:
         self._receive = receive
 
     @property
     def listening(self) -> bool:
         return self._receive is not None
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    async def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
         if self._receive is None:
             await trio.sleep_forever()
         else:
@@ -159,6 +175,6 @@ class TenantChanges:
                 yield payload
 
 
-def _send(send: trio.MemorySendChannel[str], payload: str) -> None:
+def _send(send: trio.MemorySendChannel[tuple[str, str]], channel: str, payload: str) -> None:
     with contextlib.suppress(trio.ClosedResourceError):  # the connection was lost meanwhile
-        send.send_nowait(payload)
+        send.send_nowait((channel, payload))

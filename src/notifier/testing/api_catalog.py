@@ -6,8 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from notifier.catalog import StoredCatalog
-from notifier.store.errors import TooManyEventTypes
+import msgspec
+
+from notifier.catalog import MAX_CATALOG_BYTES, StoredCatalog
+from notifier.store.errors import CatalogTooLarge, TooManyEventTypes
 from notifier.store.rows import EventType
 from notifier.testing.api_state import MemoryApiState
 
@@ -28,12 +30,22 @@ class MemoryApiCatalog(MemoryApiState):
         description: str,
         schema: dict[str, Any],
         max_types: int,
+        max_bytes: int = MAX_CATALOG_BYTES,
     ) -> tuple[EventType, bool]:
         await self._call()
         now = self._now()
         old = self.event_types.get((tenant_id, name))
         if old is None and sum(1 for t, _ in self.event_types if t == tenant_id) >= max_types:
             raise TooManyEventTypes(f"at most {max_types} event types per tenant")
+        total = len(msgspec.json.encode(schema)) + sum(
+            len(msgspec.json.encode(e.schema))
+            for (t, n), e in self.event_types.items()
+            if t == tenant_id and n != name
+        )
+        if total > max_bytes:
+            raise CatalogTooLarge(
+                f"the tenant's schemas would take {total} bytes; at most {max_bytes} in all"
+            )
         made = EventType(
             name=name, description=description, schema=schema,
             created_at=now if old is None else old.created_at, updated_at=now,

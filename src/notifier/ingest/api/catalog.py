@@ -2,9 +2,9 @@
 catalog (``notifier.catalog``) — register, read, list and delete types with their JSON Schemas,
 export them for receivers as an OpenAPI document — and its ``strict_event_types`` switch.
 
-A change is NOTIFYed to every ingest process (the trigger on ``event_types``, and on ``tenants``
-for the switch); this process forgets the tenant's catalog at once as well, without waiting for
-the notification."""
+A change is NOTIFYed to every ingest process (the trigger on ``event_types``, on
+``notifier_catalogs``; the one on ``tenants`` for the switch); this process forgets the tenant's
+catalog at once as well, without waiting for the notification."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.catalog_openapi import catalog_document
 from notifier.ingest.models import EVENT_TYPE_RE, EventType, EventTypeIn, TenantPatch
 from notifier.ingest.views import EventTypeList, EventTypeView, TenantView
-from notifier.store.errors import TooManyEventTypes
+from notifier.store.errors import CatalogTooLarge, TooManyEventTypes
 from notifier.store.rows import EventType as StoredEventType
 
 routes = Blueprint("catalog", __name__)
@@ -45,7 +45,8 @@ def checked_name(name: str) -> str:
 @routes.put("/v1/event-types/<name>")
 async def put_event_type(name: str) -> Response:
     """Create or replace the type (201 created, 200 replaced); 422 naming the path in the
-    schema that is wrong."""
+    schema that is wrong (``invalid_schema``), or the tenant's limit reached
+    (``too_many_event_types``, ``catalog_too_large``)."""
     tenant_id = await current_tenant()
     name = checked_name(name)
     data = await read_body(EventTypeIn)
@@ -61,6 +62,8 @@ async def put_event_type(name: str) -> Response:
         )  # fmt: skip
     except TooManyEventTypes as exc:
         raise ApiError(422, "too_many_event_types", str(exc)) from exc
+    except CatalogTooLarge as exc:
+        raise ApiError(422, "catalog_too_large", str(exc)) from exc
     ctx.catalogs.forget(tenant_id)
     return json_response(event_type_view(stored), 201 if created else 200)
 
