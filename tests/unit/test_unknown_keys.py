@@ -18,6 +18,7 @@ from notifier.ingest.tenants import (
     TenantCaches,
     keep_tenant_caches_fresh,
 )
+from notifier.store.listen import TENANTS_CHANNEL
 from tests.unit.test_tenant_cache import FakeListenStore
 
 A, NEW = uuid.uuid4(), uuid.uuid4()
@@ -132,7 +133,9 @@ async def test_the_notification_of_a_new_tenant_forgets_unknown_keys_in_every_ca
         cache = caches.cache(lookups, remember_unknown=True)
         assert await cache.resolve_one("key-new") is None
         lookups.rows["key-new"] = NEW
-        await store.connections[0].send(str(NEW))  # migrations/0006: INSERT is NOTIFYed
+        await store.connections[0].send(
+            (TENANTS_CHANNEL, str(NEW))
+        )  # migrations/0006: INSERT is NOTIFYed
         await trio.testing.wait_all_tasks_blocked()
         assert await cache.resolve_one("key-new") == NEW
         assert trio.current_time() == 0
