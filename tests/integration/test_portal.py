@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from notifier.config import Config
+from notifier.store import open_store
 from tests.integration.conftest import (
     Running,
     create_tenant,
@@ -340,3 +341,34 @@ async def test_forms_without_their_token_and_ended_links_are_refused(
             fresh = await make_link(api, customer="acme")
             await sql(database_url, "UPDATE tenants SET enabled = false")
             assert (await stranger.get(f"/portal/enter/{token_of(fresh)}")).status_code == 403
+
+
+async def test_maintenance_deletes_ended_sessions_and_long_ended_links(database_url: str) -> None:
+    await create_tenant(database_url)
+    tenant = await scalar(database_url, "SELECT id FROM tenants")
+    async with open_store(database_url) as store:
+        links = [
+            await store.create_portal_link(
+                tenant, f"hash-{i}", customer="acme", channel_ids=None, expires_in_seconds=600
+            )
+            for i in range(3)
+        ]
+        for i, link in enumerate(links):
+            assert await store.create_portal_session(f"s{i}", link.id, max_age_seconds=60)
+        # s0's session ended on its own; link 1 was revoked 31 days ago; link 2 lives on.
+        await sql(
+            database_url, "UPDATE portal_sessions SET expires_at = now() WHERE id_hash = 's0'"
+        )
+        await sql(database_url, "UPDATE portal_links SET revoked_at = now() - interval '31 days'"
+                  " WHERE id = $1", links[1].id)  # fmt: skip
+        assert await store.portal_session("s0") is None
+        assert await store.portal_session("s1") is None  # its link is revoked
+        assert await store.clean_console(limit=10) == 2  # s0, and link 1 with s1
+        kept = await sql(database_url, "SELECT id FROM portal_links ORDER BY created_at")
+        assert [r[0] for r in kept] == [links[0].id, links[2].id]
+        assert [r[0] for r in await sql(database_url, "SELECT id_hash FROM portal_sessions")] == [
+            "s2"
+        ]
+        session = await store.portal_session("s2")
+        assert session is not None
+        assert session.scope.customer == "acme"

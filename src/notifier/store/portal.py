@@ -20,6 +20,10 @@ from notifier.store.errors import UnknownChannels
 from notifier.store.pool import Queries
 from notifier.store.rows import Channel
 
+# An expired or revoked link is listed (GET /v1/portal-links) this long, then deleted by
+# maintenance with the sessions it opened.
+PORTAL_LINKS_KEPT_DAYS = 30
+
 
 class PortalScope(msgspec.Struct, frozen=True, kw_only=True):
     """What a portal session reaches: tenant ``tenant_id``'s channels labelled ``customer``, or

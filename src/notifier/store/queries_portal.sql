@@ -71,6 +71,19 @@ WHERE id_hash IN (
 )
 RETURNING id_hash;
 
+-- name: portal_links_cleanup
+-- Links that expired or were revoked more than $2 days ago, a batch of at most $1 (their
+-- sessions go with them).
+DELETE FROM portal_links
+WHERE id IN (
+    SELECT id FROM portal_links
+    WHERE least(expires_at, coalesce(revoked_at, expires_at))
+          <= now() - $2::double precision * interval '1 day'
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id;
+
 -- name: portal_channels
 -- Tenant $1's channels in the scope ($2 customer, or $3 channel ids), oldest first; at most $4.
 SELECT * FROM channels c
