@@ -74,7 +74,8 @@ async def enter(token: str) -> Response:
     if link is None:
         raise ConsoleError(403, "This link is not valid.")
     if link.state != "active":
-        raise ConsoleError(410, f"This link has {link.state}: ask for a new one.")
+        ended = "has expired" if link.state == "expired" else "was revoked"
+        raise ConsoleError(410, f"This link {ended}: ask for a new one.")
     if (previous := current_portal_session()) is not None:
         await store.end_portal_session(session_id_hash(previous))
     session_id = new_id()
