@@ -372,3 +372,35 @@ async def test_maintenance_deletes_ended_sessions_and_long_ended_links(database_
         session = await store.portal_session("s2")
         assert session is not None
         assert session.scope.customer == "acme"
+
+
+async def test_hostile_form_input_is_refused_with_a_page_and_writes_nothing(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        channel_id = await make_channel(api, "acme-orders", "acme")
+        link = await make_link(api, customer="acme")
+        async with portal(running, link) as browser:
+            before = await sql(database_url, "SELECT * FROM channels")
+            for form in (
+                {"name": "a\x00b", "url": SINK, "event_types": "*"},
+                {"name": "x" * 201, "url": SINK, "event_types": "*"},
+                {"name": "x", "url": SINK + "\x00", "event_types": "*"},
+                {"name": "x", "url": "http://" + "a" * 3000, "event_types": "*"},
+                {"name": "x", "url": "", "event_types": "*"},
+                {"name": "x", "url": "javascript:alert(1)", "event_types": "*"},
+                {"name": "x", "url": SINK, "event_types": "a\x00b"},
+                {"name": "x", "url": SINK, "event_types": ""},
+            ):
+                for path in ("/portal/endpoints", f"/portal/endpoints/{channel_id}"):
+                    resp = await post_form(browser, path, form)
+                    assert resp.status_code == 400, (path, form, resp.text)
+                    assert resp.headers["content-type"].startswith("text/html")
+            assert await sql(database_url, "SELECT * FROM channels") == before
+            for path, status in (
+                ("/portal/deliveries?status=LOST", 400), ("/portal/deliveries?channel=nope", 400),
+                ("/portal/deliveries?before=nope", 400), ("/portal/endpoints/nope", 404),
+                ("/portal/deliveries/nope", 404), ("/portal/enter/" + "%00" * 43, 403),
+            ):  # fmt: skip
+                assert (await browser.get(path)).status_code == status, path
