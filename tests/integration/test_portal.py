@@ -26,6 +26,8 @@ from tests.integration.conftest import (
     scalar,
     sql,
 )
+from tests.integration.test_console import post_form as console_post
+from tests.integration.test_console import signed_in
 
 PUBLIC_URL = "https://hooks.example.com/notify"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -404,3 +406,34 @@ async def test_hostile_form_input_is_refused_with_a_page_and_writes_nothing(
                 ("/portal/deliveries/nope", 404), ("/portal/enter/" + "%00" * 43, 403),
             ):  # fmt: skip
                 assert (await browser.get(path)).status_code == status, path
+
+
+async def test_the_console_lists_the_tenants_links_and_revokes_one(
+    portal_config: Config, database_url: str
+) -> None:
+    key, other = await create_tenant(database_url), await create_tenant(database_url)
+    async with (
+        run_notifier(portal_config, ("ingest",)) as running,
+        running.client(key) as api,
+        running.client(other) as api_b,
+    ):
+        await make_channel(api, "acme-orders", "acme")
+        link = await make_link(api, customer="acme")
+        theirs = await make_link(api_b, customer="acme")
+        async with portal(running, link) as customer, signed_in(running, key) as tenant:
+            listed = await tenant.get("/console/portal-links")
+            assert f'id="portal-link-{link["id"]}"' in listed.text
+            assert theirs["id"] not in listed.text
+            assert token_of(link) not in listed.text
+            # another tenant's link: not found, and left alone
+            resp = await console_post(tenant, f"/console/portal-links/{theirs['id']}/revoke", {})
+            assert resp.status_code == 404
+            assert (await customer.get("/portal/")).status_code == 200
+            resp = await console_post(tenant, f"/console/portal-links/{link['id']}/revoke", {})
+            assert resp.status_code == 303
+            assert (await customer.get("/portal/")).status_code == 403
+            states = {
+                x["id"]: x["state"] for x in (await api.get("/v1/portal-links")).json()["items"]
+            }
+            assert states == {link["id"]: "revoked"}
+            assert (await api_b.get("/v1/portal-links")).json()["items"][0]["state"] == "active"

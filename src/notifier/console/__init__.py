@@ -15,6 +15,7 @@ from notifier.console import (  # noqa: F401  (their routes join the blueprint)
     channels,
     deliveries,
     overview,
+    portal_links,
 )
 from notifier.console.portal import install_portal
 from notifier.console.session import (
