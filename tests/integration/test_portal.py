@@ -166,6 +166,14 @@ async def test_channels_carry_a_customer_label(config: Config, database_url: str
         bad = await api.patch(f"/v1/channels/{channel_id}", json={"customer": "no spaces"})
         assert bad.status_code == 422
         assert (await api.post("/v1/channels", json=hook("b", "x" * 201))).status_code == 422
+        other = await make_channel(api, "c", "acme")
+        await make_channel(api, "d", None)
+        listed = (await api.get("/v1/channels", params={"customer": "acme"})).json()["items"]
+        assert [c["id"] for c in listed] == [other]
+        assert len((await api.get("/v1/channels")).json()["items"]) == 3
+        for bad in ("a b", "x" * 201, ""):
+            resp = await api.get("/v1/channels", params={"customer": bad})
+            assert resp.status_code == 422, bad
 
 
 async def test_a_session_reaches_only_its_customers_channels_on_every_route(

@@ -135,7 +135,7 @@ def test_query_and_path_parameters() -> None:
     }  # fmt: skip
     assert names["status"]["schema"]["enum"] == ["PENDING", "RETRYING", "DELIVERED", "DEAD"]
     assert {p["name"] for p in ops["GET", "/v1/channels"]["parameters"]} == {
-        "type", "recipient", "limit", "cursor",
+        "type", "recipient", "customer", "limit", "cursor",
     }  # fmt: skip
     doc = document("webhook")
     for path, item in doc["paths"].items():

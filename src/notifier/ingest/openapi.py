@@ -20,6 +20,7 @@ from notifier.adapters.webhook.channels import WebhookConfigUpdate
 from notifier.ingest import jsonguard
 from notifier.ingest.api.docs import BUNDLE_PATH
 from notifier.ingest.models import (
+    CUSTOMER_RE,
     FILTER,
     FILTER_SCHEMA,
     IDEMPOTENCY_HEADER_PATTERN,
@@ -186,6 +187,8 @@ def _channel_paths(
                 query("type", {"type": "string", "pattern": NO_NUL}, "Only channels of this type."),
                 query("recipient", {"type": "string", "pattern": NO_NUL},
               "Only channels of this recipient."),
+                query("customer", {"type": "string", "pattern": CUSTOMER_RE, "maxLength": 200},
+                      "Only channels labelled with this customer."),
                 *page,
             ],
         ),

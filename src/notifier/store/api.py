@@ -70,6 +70,7 @@ class ApiStore(Protocol):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]: ...
 
     async def update_channel(

@@ -87,10 +87,11 @@ class ChannelQueries(Queries):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]:
         at, last_id = after if after else (None, None)
         rows = await self._pool.fetch(
-            Q["channel_list"], tenant_id, type, recipient, at, last_id, limit
+            Q["channel_list"], tenant_id, type, recipient, at, last_id, limit, customer
         )
         return [_channel(r) for r in rows]
 

@@ -18,6 +18,7 @@ WHERE tenant_id = $1
   AND ($2::text IS NULL OR type = $2)
   AND ($3::text IS NULL OR recipient = $3)
   AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid))
+  AND ($7::text IS NULL OR customer = $7)
 ORDER BY created_at, id
 LIMIT $6;
 

@@ -134,12 +134,14 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]:
         await self._call()
         found = sorted(
             (c for c in self.channels.values() if c.tenant_id == tenant_id
              and (type is None or c.type == type)
              and (recipient is None or c.recipient == recipient)
+             and (customer is None or c.customer == customer)
              and (after is None or (c.created_at, c.id) > after)),
             key=lambda c: (c.created_at, c.id),
         )  # fmt: skip
