@@ -70,10 +70,13 @@ async def enter(token: str) -> Response:
     """Open a session from a link: its token's hash found, the link neither expired nor revoked,
     its tenant enabled; then off to the portal, so the token leaves the address bar."""
     store = portal_store()
+    entries = api_context().metrics.portal_entries
     link = await store.portal_link_by_token(token_hash(token)) if well_formed(token) else None
     if link is None:
+        entries.labels("invalid").inc()
         raise ConsoleError(403, "This link is not valid.")
     if link.state != "active":
+        entries.labels(link.state).inc()
         ended = "has expired" if link.state == "expired" else "was revoked"
         raise ConsoleError(410, f"This link {ended}: ask for a new one.")
     if (previous := current_portal_session()) is not None:
@@ -84,7 +87,9 @@ async def enter(token: str) -> Response:
         max_age_seconds=console_context().sessions.max_age_seconds,
     )  # fmt: skip
     if expires_at is None:  # expired or revoked meanwhile
+        entries.labels("expired").inc()
         raise ConsoleError(410, "This link has ended: ask for a new one.")
+    entries.labels("opened").inc()
     start_session(session_id, expires_at)
     return cast(Response, redirect(f"{PREFIX}/", 303))
 
