@@ -449,3 +449,27 @@ async def test_the_console_lists_the_tenants_links_and_revokes_one(
             }
             assert states == {link["id"]: "revoked"}
             assert (await api_b.get("/v1/portal-links")).json()["items"][0]["state"] == "active"
+
+
+async def test_leaving_ends_the_session_and_a_new_entry_replaces_the_old_one(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        await make_channel(api, "acme-orders", "acme")
+        await make_channel(api, "globex-orders", "globex")
+        acme = await make_link(api, customer="acme")
+        globex = await make_link(api, customer="globex")
+        async with portal(running, acme) as browser:
+            # Entering another link in the same browser ends the first session.
+            entered = await browser.get(f"/portal/enter/{token_of(globex)}")
+            assert entered.status_code == 303
+            assert await scalar(database_url, "SELECT count(*) FROM portal_sessions") == 1
+            home = (await browser.get("/portal/")).text
+            assert "globex-orders" in home
+            assert "acme-orders" not in home
+            left = await post_form(browser, "/portal/leave", {})
+            assert left.status_code == 200
+            assert "notifier_portal=; " in left.headers["set-cookie"]
+            assert await scalar(database_url, "SELECT count(*) FROM portal_sessions") == 0
+            assert (await browser.get("/portal/")).status_code == 403
