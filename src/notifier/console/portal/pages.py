@@ -19,7 +19,6 @@ from notifier.console.portal.links import token_hash, well_formed
 from notifier.console.portal.web import (
     PREFIX,
     end_cookie,
-    new_id,
     not_found,
     page,
     portal_store,
@@ -29,7 +28,7 @@ from notifier.console.portal.web import (
     uuid_or_none,
 )
 from notifier.console.portal.web import current_session as current_portal_session
-from notifier.console.session import session_id_hash
+from notifier.console.session import new_session_id, session_id_hash
 from notifier.console.web import ConsoleError, console_context
 from notifier.ingest.api.channels import (
     PATCH_CONFIG_TRIES,
@@ -81,7 +80,7 @@ async def enter(token: str) -> Response:
         raise ConsoleError(410, f"This link {ended}: ask for a new one.")
     if (previous := current_portal_session()) is not None:
         await store.end_portal_session(session_id_hash(previous))
-    session_id = new_id()
+    session_id = new_session_id()
     expires_at = await store.create_portal_session(
         session_id_hash(session_id), link.id,
         max_age_seconds=console_context().sessions.max_age_seconds,

@@ -14,7 +14,7 @@ from typing import Any, cast
 from quart import Blueprint, Response, g, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from notifier.console.session import new_session_id, session_id_hash
+from notifier.console.session import session_id_hash
 from notifier.console.web import SECURITY_HEADERS, ConsoleError, console_context, over_tls
 from notifier.ingest.api.context import api_context
 from notifier.store.portal import PortalScope, PortalSession, PortalStore
@@ -139,10 +139,6 @@ async def on_http_error(exc: HTTPException) -> Response:
 @routes.route("/<path:unknown>", methods=["GET", "POST"])
 async def no_such_page(unknown: str) -> Response:
     raise ConsoleError(404, "There is no such page.")
-
-
-def new_id() -> str:
-    return new_session_id()
 
 
 def not_found(what: str) -> ConsoleError:
