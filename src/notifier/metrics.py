@@ -85,6 +85,9 @@ class _ProcessGauges:
                 gauge.set(sample.value)
 
 
+PORTAL_ENTRY_OUTCOMES = ("opened", "invalid", "expired", "revoked")
+
+
 class Metrics:
     """Every metric of one process, on a registry of its own (several services may share a
     process, as the tests do). Pass one instance to the ingest app, the relay and the worker
@@ -191,6 +194,15 @@ class Metrics:
             "ingest.write_timeout_seconds, or still open at the end of the shutdown grace.",
             ["reason"], registry=r,
         )  # fmt: skip
+        # The customer portal's links opened (`notifier.console.portal`).
+        self.portal_entries = Counter(
+            "notifier_portal_entries",
+            "Portal links opened: `opened` (a session started), `invalid` (no such token: 403), "
+            "`expired` or `revoked` (410).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        for outcome in PORTAL_ENTRY_OUTCOMES:
+            self.portal_entries.labels(outcome)
         for reason in ("total", "per_address"):
             self.ingest_connections_refused.labels(reason)
         for reason in ("write_timeout", "shutdown"):

@@ -54,8 +54,8 @@ def shots(tmp_path: Path) -> Path:
     return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 
-@pytest.fixture(scope="module")
-def chrome() -> Iterator[WebDriver]:
+def open_chrome() -> WebDriver:
+    """Headless Chromium, driven through chromedriver."""
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if browser is None or driver is None:
         pytest.fail(
@@ -68,6 +68,12 @@ def chrome() -> Iterator[WebDriver]:
         options.add_argument(arg)
     chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
     chrome.set_page_load_timeout(WAIT_SECONDS)
+    return chrome
+
+
+@pytest.fixture(scope="module")
+def chrome() -> Iterator[WebDriver]:
+    chrome = open_chrome()
     try:
         yield chrome
     finally:

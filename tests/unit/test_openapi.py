@@ -28,6 +28,7 @@ from notifier.testing import RecordingAdapter
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", BUNDLE_PATH}
 WITH_BODY = {  # operation id: the error statuses a request body can add
     "createChannel": {400, 413, 415, 422},
+    "createPortalLink": {400, 413, 415, 422},
     "patchChannel": {400, 413, 415, 422},
     "postEvent": {400, 413, 415, 422},
     "postEventBatch": {400, 413, 415, 422},
@@ -58,7 +59,7 @@ def operations(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_every_route_of_the_app_is_documented_and_nothing_else() -> None:
     """The app's url map, in OpenAPI's path syntax, is the document's list of operations (the
-    console's HTML pages, ``/console``, are no part of the API)."""
+    console's and the portal's HTML pages, ``/console`` and ``/portal``, are no part of the API)."""
     config = parse_config({"workers": {"webhook": {}}}, env={})
     # not called while building
     store = cast(Store, SimpleNamespace(metrics_snapshot=None, event_catalog=None))
@@ -66,7 +67,7 @@ def test_every_route_of_the_app_is_documented_and_nothing_else() -> None:
     routes = {
         (method, re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule))
         for rule in app.url_map.iter_rules()
-        if rule.endpoint != "static" and not rule.endpoint.startswith("console.")
+        if rule.endpoint != "static" and not rule.endpoint.startswith(("console.", "portal."))
         for method in rule.methods or ()
         if method not in ("HEAD", "OPTIONS")
     }
@@ -134,7 +135,7 @@ def test_query_and_path_parameters() -> None:
     }  # fmt: skip
     assert names["status"]["schema"]["enum"] == ["PENDING", "RETRYING", "DELIVERED", "DEAD"]
     assert {p["name"] for p in ops["GET", "/v1/channels"]["parameters"]} == {
-        "type", "recipient", "limit", "cursor",
+        "type", "recipient", "customer", "limit", "cursor",
     }  # fmt: skip
     doc = document("webhook")
     for path, item in doc["paths"].items():

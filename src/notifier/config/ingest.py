@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
@@ -120,6 +121,16 @@ def _check_queue_name(key: str, name: str) -> None:
         raise key_error(key, "names starting with 'amq.' are reserved by RabbitMQ")
 
 
+def check_public_url(url: str) -> None:
+    """``console.public_url``: an http(s) address with a host, nothing after it but an
+    optional path prefix."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise key_error("public_url", "must be an http:// or https:// URL with a host")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise key_error("public_url", "must have no query, fragment or credentials")
+
+
 class ConsoleConfig(Section, frozen=True):
     """The operator console (``/console``, served by the ``ingest`` role)."""
 
@@ -130,8 +141,14 @@ class ConsoleConfig(Section, frozen=True):
     # The reverse proxies (CIDRs) whose X-Forwarded-For is believed: the sign-in slow-down then
     # counts the right-most forwarded address that is not one of them. Empty: the connection's.
     trusted_proxies: tuple[str, ...] = ()
+    # The address browsers reach the console at (``https://notify.example.com``, no path
+    # query or fragment): portal links (``POST /v1/portal-links``) are made under it. Empty: no
+    # portal link can be made (never taken from a request's Host header, which a client writes).
+    public_url: str = ""
 
     def __post_init__(self) -> None:
+        if self.public_url:
+            check_public_url(self.public_url)
         for i, cidr in enumerate(self.trusted_proxies):
             try:
                 ipaddress.ip_network(cidr, strict=True)

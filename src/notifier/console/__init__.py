@@ -15,7 +15,9 @@ from notifier.console import (  # noqa: F401  (their routes join the blueprint)
     channels,
     deliveries,
     overview,
+    portal_links,
 )
+from notifier.console.portal import install_portal
 from notifier.console.session import (
     Sessions,
     SignInThrottle,
@@ -44,3 +46,4 @@ def install_console(
         throttle=SignInThrottle(store), trusted_proxies=trusted_networks(console.trusted_proxies),
     ))  # fmt: skip
     app.register_blueprint(routes)
+    install_portal(app)  # the customer portal, on the console's sessions and templates

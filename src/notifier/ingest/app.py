@@ -26,6 +26,7 @@ from notifier.ingest.api import (
     events,
     health,
     operations,
+    portal_links,
 )
 from notifier.ingest.api.context import (
     ApiContext,
@@ -47,7 +48,9 @@ from notifier.store.api import ApiStore
 from notifier.store.rows import MetricsSnapshot
 from notifier.tracing import NO_TRACING, Tracing
 
-ROUTE_GROUPS = (health, docs, channels, events, catalog, deliveries, operations)
+ROUTE_GROUPS = (
+    health, docs, channels, events, catalog, deliveries, operations, portal_links,
+)  # fmt: skip
 
 # A batch of single events takes a few milliseconds; a request queued behind one that has run
 # this long (Postgres stalls) stores its event in a batch of its own beside it, so that it waits

@@ -68,6 +68,16 @@ ChannelFilter = Annotated[
     dict[str, Any], msgspec.Meta(extra_json_schema={"$ref": f"#/components/schemas/{FILTER}"})
 ]
 ChannelIds = Annotated[list[uuid.UUID], msgspec.Meta(min_length=1, max_length=100)]
+# A channel's customer label: the tenant's own customer it belongs to (a portal link's scope).
+CUSTOMER_RE = whole(r"[A-Za-z0-9_.:@-]+")
+Customer = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1, max_length=200, pattern=CUSTOMER_RE,
+        description="The tenant's own customer this channel belongs to: letters, digits and "
+        "`_.:@-`. A portal link scoped to it reaches the channels so labelled.",
+    ),
+]  # fmt: skip
 ChannelType = Annotated[str, msgspec.Meta(min_length=1, max_length=50, pattern=NO_NUL)]
 
 
@@ -87,6 +97,7 @@ class ChannelIn(_Body):
     max_attempts: MaxAttempts | None = None
     rate_limit_per_second: RatePerSecond | None = None
     filter: ChannelFilter | None = None
+    customer: Customer | None = None
 
 
 class ChannelPatch(_Body):
@@ -100,6 +111,7 @@ class ChannelPatch(_Body):
     max_attempts: MaxAttempts | msgspec.UnsetType | None = msgspec.UNSET
     rate_limit_per_second: RatePerSecond | msgspec.UnsetType | None = msgspec.UNSET
     filter: ChannelFilter | msgspec.UnsetType | None = msgspec.UNSET  # null: no filter
+    customer: Customer | msgspec.UnsetType | None = msgspec.UNSET  # null: no customer label
 
 
 class EventIn(_Body):
@@ -162,3 +174,20 @@ class TenantPatch(_Body):
     """``PATCH /v1/tenant``: the tenant's settings."""
 
     strict_event_types: bool | msgspec.UnsetType = msgspec.UNSET
+
+
+# A portal link lives at least a minute and at most a week; an hour unless said.
+PORTAL_LINK_MIN_SECONDS = 60
+PORTAL_LINK_MAX_SECONDS = 7 * 86_400
+PORTAL_LINK_DEFAULT_SECONDS = 3600
+
+
+class PortalLinkIn(_Body):
+    """``POST /v1/portal-links``: a link scoped to the channels labelled `customer`, or to
+    `channel_ids` (exactly one of them), living `expires_in_seconds`."""
+
+    customer: Customer | None = None
+    channel_ids: ChannelIds | None = None
+    expires_in_seconds: Annotated[
+        int, msgspec.Meta(ge=PORTAL_LINK_MIN_SECONDS, le=PORTAL_LINK_MAX_SECONDS)
+    ] = PORTAL_LINK_DEFAULT_SECONDS

@@ -20,6 +20,7 @@ from notifier.adapters.webhook.channels import WebhookConfigUpdate
 from notifier.ingest import jsonguard
 from notifier.ingest.api.docs import BUNDLE_PATH
 from notifier.ingest.models import (
+    CUSTOMER_RE,
     FILTER,
     FILTER_SCHEMA,
     IDEMPOTENCY_HEADER_PATTERN,
@@ -32,6 +33,7 @@ from notifier.ingest.models import (
     EventIn,
     EventTypeIn,
     NoFields,
+    PortalLinkIn,
     ReplayIn,
     TenantPatch,
 )
@@ -58,6 +60,8 @@ from notifier.ingest.views import (
     EventDetail,
     EventView,
     Health,
+    PortalLinkCreated,
+    PortalLinkPage,
     Readiness,
     ReplayResult,
 )
@@ -67,6 +71,7 @@ OPENAPI_VERSION = "3.1.0"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
 REQUEST_MODELS: tuple[type[msgspec.Struct], ...] = (
     ChannelIn, ChannelPatch, EventIn, BatchIn, ReplayIn, NoFields, EventTypeIn, TenantPatch,
+    PortalLinkIn,
 )  # fmt: skip
 EXAMPLE_EVENT = {"type": "order.created", "payload": {"order_id": 42}}
 # A PATCH's `config`, by channel type, where it differs from a create's (the type's config).
@@ -133,7 +138,7 @@ def build_openapi(
     ]
     paths = {
         **_channel_paths(schemas, types, page), **_event_paths(), **catalog_paths(),
-        **_delivery_paths(page), **_operation_paths(),
+        **_delivery_paths(page), **_operation_paths(), **_portal_paths(page),
     }  # fmt: skip
     description = _DESCRIPTION.format(
         max_body_bytes=max_body_bytes, depth=jsonguard.MAX_DEPTH,
@@ -182,6 +187,8 @@ def _channel_paths(
                 query("type", {"type": "string", "pattern": NO_NUL}, "Only channels of this type."),
                 query("recipient", {"type": "string", "pattern": NO_NUL},
               "Only channels of this recipient."),
+                query("customer", {"type": "string", "pattern": CUSTOMER_RE, "maxLength": 200},
+                      "Only channels labelled with this customer."),
                 *page,
             ],
         ),
@@ -345,6 +352,38 @@ def _delivery_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
             "`DELIVERED` again soon, and would otherwise be replayed again). A malformed "
             "`cursor` is 422 `invalid_cursor`.",
             body=ref(ReplayIn), example={"status": "DEAD"},
+        ),
+    },
+    }  # fmt: skip
+
+
+def _portal_paths(page: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+    "/v1/portal-links": {
+        "post": op(
+            "createPortalLink", "portal", "Make a link to the customer portal",
+            {"201": answer("The link; its `url` is shown only here.", PortalLinkCreated),
+             **error_refs(400, 401, 409, 413, 415, 422, 429, 503)},
+            description="A short-lived URL opening the customer portal (README \"Customer "
+            "portal\") for the channels labelled `customer`, or for `channel_ids` (exactly one "
+            "of them; unknown ids are 422 `unknown_channels`). Anyone holding it may open it "
+            "until it expires or is revoked. 409 `portal_not_configured` without "
+            "`[console] public_url`.",
+            body=ref(PortalLinkIn), example={"customer": "acme", "expires_in_seconds": 3600},
+        ),
+        "get": op(
+            "listPortalLinks", "portal", "List portal links, newest first (never their URL)",
+            {"200": answer("A page of links.", PortalLinkPage),
+             **error_refs(400, 401, 422, 429, 503)},
+            parameters=page,
+        ),
+    },
+    "/v1/portal-links/{link_id}": {
+        "parameters": [uuid_path("link_id", "portal link")],
+        "delete": op(
+            "revokePortalLink", "portal", "Revoke a portal link and end its sessions",
+            {"204": {"description": "Revoked (a revoked link stays revoked)."},
+             **error_refs(400, 401, 404, 429, 503)},
         ),
     },
     }  # fmt: skip

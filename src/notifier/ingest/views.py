@@ -82,6 +82,8 @@ class ChannelView(_View):
     rate_limit_per_second: float | None
     # The payload filter (README "Payload filters"); null: every payload matches.
     filter: FilterView | None
+    # The tenant's own customer the channel belongs to (README "Customer portal"); null: none.
+    customer: str | None
     created_at: Timestamp
     updated_at: Timestamp
 
@@ -215,8 +217,37 @@ class TenantView(_View):
     strict_event_types: bool
 
 
+PortalState = Annotated[
+    str, msgspec.Meta(extra_json_schema={"enum": ["active", "expired", "revoked"]})
+]
+
+
+class PortalLinkView(_View):
+    """A portal link (README "Customer portal"): scoped to the channels labelled `customer`, or
+    to `channel_ids`. Its token is never shown again after its creation."""
+
+    id: uuid.UUID
+    customer: str | None
+    channel_ids: list[uuid.UUID] | None
+    state: PortalState
+    created_at: Timestamp
+    expires_at: Timestamp
+    revoked_at: Timestamp | None
+
+
+class PortalLinkCreated(PortalLinkView):
+    """A new portal link with its URL: hand it to the customer; it is shown only this once."""
+
+    url: str
+
+
+class PortalLinkPage(_View):
+    items: list[PortalLinkView]
+    next_cursor: str | None
+
+
 RESPONSE_MODELS: tuple[type[msgspec.Struct], ...] = (
     ErrorBody, ChannelView, ChannelPage, EventView, EventDetail, EventBatch, DeliveryView,
     DeliveryDetail, DeliveryPage, ReplayResult, Health, Readiness, EventTypeView, EventTypeList,
-    TenantView,
+    TenantView, PortalLinkView, PortalLinkCreated, PortalLinkPage,
 )  # fmt: skip

@@ -57,6 +57,7 @@ class ApiStore(Protocol):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        customer: str | None = None,
     ) -> Channel: ...
 
     async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None: ...
@@ -69,6 +70,7 @@ class ApiStore(Protocol):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]: ...
 
     async def update_channel(

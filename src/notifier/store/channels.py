@@ -34,6 +34,7 @@ def _channel(row: Row) -> Channel:
         max_attempts=row["max_attempts"],
         rate_limit_per_second=row["rate_limit_per_second"],
         filter=row["filter"],
+        customer=row["customer"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -61,12 +62,13 @@ class ChannelQueries(Queries):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        customer: str | None = None,
     ) -> Channel:
         """A new channel; ``filter`` is one ``notifier.filters.parse`` accepted."""
         row = await self._pool.fetchrow(
             Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
             event_types, enabled, max_attempts, rate_limit_per_second, filter,
-            _jsonpath(filter),
+            _jsonpath(filter), customer,
         )  # fmt: skip
         assert row is not None
         return _channel(row)
@@ -85,10 +87,11 @@ class ChannelQueries(Queries):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]:
         at, last_id = after if after else (None, None)
         rows = await self._pool.fetch(
-            Q["channel_list"], tenant_id, type, recipient, at, last_id, limit
+            Q["channel_list"], tenant_id, type, recipient, at, last_id, limit, customer
         )
         return [_channel(r) for r in rows]
 
@@ -119,6 +122,7 @@ class ChannelQueries(Queries):
                 value("config"), value("recipient"), value("event_types"), value("enabled"),
                 value("max_attempts"), config_read if "config" in named else None,
                 value("rate_limit_per_second"), value("filter"), _jsonpath(value("filter")),
+                value("customer"),
             )  # fmt: skip
             if row is not None:
                 return _channel(row)

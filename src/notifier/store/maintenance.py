@@ -19,6 +19,7 @@ import asyncpg
 from notifier.store.base import Conn, Q, transaction
 from notifier.store.console_sessions import SIGNIN_FORGET_AFTER_SECONDS
 from notifier.store.pool import CLIENT_GRACE_SECONDS, LongStatements, Queries
+from notifier.store.portal import PORTAL_LINKS_KEPT_DAYS
 
 log = logging.getLogger("notifier.maintenance")
 
@@ -117,14 +118,17 @@ class MaintenanceQueries(Queries):
     @transaction
     async def clean_console(self, *, limit: int) -> int:
         """Delete up to ``limit`` expired console sessions and up to ``limit`` addresses whose
-        failed sign-ins are forgotten (quiet for ``SIGNIN_FORGET_AFTER_SECONDS``); return how
+        failed sign-ins are forgotten (quiet for ``SIGNIN_FORGET_AFTER_SECONDS``), and as many
+        ended portal sessions and portal links ended ``PORTAL_LINKS_KEPT_DAYS`` ago; return how
         many rows in all."""
         async with self._maintenance() as conn:
             sessions = await conn.fetch(Q["console_sessions_cleanup"], limit)
             failures = await conn.fetch(
                 Q["console_signin_failures_cleanup"], limit, SIGNIN_FORGET_AFTER_SECONDS
             )
-        return len(sessions) + len(failures)
+            portal = await conn.fetch(Q["portal_sessions_cleanup"], limit)
+            links = await conn.fetch(Q["portal_links_cleanup"], limit, PORTAL_LINKS_KEPT_DAYS)
+        return len(sessions) + len(failures) + len(portal) + len(links)
 
     @asynccontextmanager
     async def _maintenance(self, *, lock_timeout_ms: int | None = None) -> AsyncIterator[Conn]:

@@ -30,6 +30,7 @@ from notifier.store.expunge import ExpungeQueries
 from notifier.store.maintenance import MaintenanceQueries
 from notifier.store.outbox import OutboxQueries
 from notifier.store.pool import Pooler, create_pool
+from notifier.store.portal import PortalQueries
 from notifier.store.ratelimits import RateLimitQueries
 
 
@@ -47,6 +48,7 @@ class Store(
     CircuitQueries,
     ConsoleQueries,
     ConsoleSessionQueries,
+    PortalQueries,
     AlertQueries,
 ):
     """Trio-flavoured access to Postgres, for every role. Create with ``open_store``."""

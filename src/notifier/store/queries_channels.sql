@@ -2,10 +2,11 @@
 -- `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
 
 -- name: channel_insert
--- $11 is the payload filter (NULL: none), $12 the jsonpath it compiles to (notifier.filters).
+-- $11 is the payload filter (NULL: none), $12 the jsonpath it compiles to (notifier.filters),
+-- $13 the customer label (NULL: none).
 INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts,
-                      rate_limit_per_second, filter, filter_path)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonpath)
+                      rate_limit_per_second, filter, filter_path, customer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonpath, $13)
 RETURNING *;
 
 -- name: channel_get
@@ -17,6 +18,7 @@ WHERE tenant_id = $1
   AND ($2::text IS NULL OR type = $2)
   AND ($3::text IS NULL OR recipient = $3)
   AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid))
+  AND ($7::text IS NULL OR customer = $7)
 ORDER BY created_at, id
 LIMIT $6;
 
@@ -38,6 +40,7 @@ UPDATE channels SET
     -- a filter and its jsonpath change together ($12, $13; both NULL clear it)
     filter = CASE WHEN 'filter' = ANY($3::text[]) THEN $12::jsonb ELSE filter END,
     filter_path = CASE WHEN 'filter' = ANY($3::text[]) THEN $13::jsonpath ELSE filter_path END,
+    customer = CASE WHEN 'customer' = ANY($3::text[]) THEN $14::text ELSE customer END,
     disabled_reason = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_reason
                            WHEN $8 THEN NULL WHEN enabled THEN 'disabled through the API'
                            ELSE disabled_reason END,

@@ -109,6 +109,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        customer: str | None = None,
     ) -> Channel:
         await self._call()
         now = self._now()
@@ -116,7 +117,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
             id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
             recipient=recipient, event_types=list(event_types), enabled=enabled,
             max_attempts=max_attempts, rate_limit_per_second=rate_limit_per_second,
-            filter=filter, created_at=now, updated_at=now,
+            filter=filter, customer=customer, created_at=now, updated_at=now,
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel
@@ -133,12 +134,14 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         recipient: str | None,
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
+        customer: str | None = None,
     ) -> list[Channel]:
         await self._call()
         found = sorted(
             (c for c in self.channels.values() if c.tenant_id == tenant_id
              and (type is None or c.type == type)
              and (recipient is None or c.recipient == recipient)
+             and (customer is None or c.customer == customer)
              and (after is None or (c.created_at, c.id) > after)),
             key=lambda c: (c.created_at, c.id),
         )  # fmt: skip

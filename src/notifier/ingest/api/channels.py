@@ -5,6 +5,7 @@ not replace them."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from notifier.ingest.api.auth import current_tenant
 from notifier.ingest.api.context import api_context
 from notifier.ingest.api.http import ApiError, json_response, read_body
 from notifier.ingest.api.pagination import cursor_arg, limit_arg, split_page
-from notifier.ingest.models import ChannelIn, ChannelPatch
+from notifier.ingest.models import CUSTOMER_RE, ChannelIn, ChannelPatch
 from notifier.ingest.views import ChannelHealth, ChannelPage, ChannelView, CircuitHealth
 from notifier.store.errors import ConfigChanged
 from notifier.store.rows import Channel, ChannelChanges, DestinationCircuit
@@ -34,6 +35,7 @@ from notifier.store.rows import Channel, ChannelChanges, DestinationCircuit
 # Reads of a channel a PATCH of its config makes the new config from, at most: each further one
 # follows a concurrent change of the config between the read and the write.
 PATCH_CONFIG_TRIES = 5
+CUSTOMER = re.compile(CUSTOMER_RE)
 
 routes = Blueprint("channels", __name__)
 
@@ -85,6 +87,7 @@ def channel_view(
         max_attempts=channel.max_attempts,
         rate_limit_per_second=channel.rate_limit_per_second,
         filter=channel.filter,
+        customer=channel.customer,
         created_at=channel.created_at,
         updated_at=channel.updated_at,
     )
@@ -169,10 +172,18 @@ async def create_channel() -> Response:
         tenant_id, type=data.type, name=data.name, config=config,
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
-        filter=flt,
+        filter=flt, customer=data.customer,
     )  # fmt: skip
     [circuit] = (await circuits_for([channel])).values()
     return json_response(channel_view(channel, validator, circuit, reveal=True), 201)
+
+
+def customer_arg() -> str | None:
+    """The request's ``customer`` filter: a customer label, or 422."""
+    customer = request.args.get("customer")
+    if customer is not None and (len(customer) > 200 or not CUSTOMER.search(customer)):
+        raise ApiError(422, "invalid_parameter", "customer must be a customer label")
+    return customer
 
 
 @routes.get("/v1/channels")
@@ -181,7 +192,7 @@ async def list_channels() -> Response:
     limit = limit_arg()
     rows = await api_context().store.list_channels(
         tenant_id, type=request.args.get("type"), recipient=request.args.get("recipient"),
-        after=cursor_arg(), limit=limit + 1,
+        after=cursor_arg(), limit=limit + 1, customer=customer_arg(),
     )  # fmt: skip
     page, next_cursor = split_page(rows, limit, lambda c: (c.created_at, c.id))
     return json_response(ChannelPage(items=await stored_views(page), next_cursor=next_cursor))
