@@ -129,6 +129,16 @@ class DeliveryState(msgspec.Struct, frozen=True):
     replayed_at: int = 0
 
 
+class FifoHead(msgspec.Struct, frozen=True, kw_only=True):
+    """The head of a FIFO channel's line: its unfinished delivery with the lowest number."""
+
+    delivery_id: uuid.UUID
+    fifo_seq: int
+    wait_seconds: float  # until it is due (0: due now), on Postgres's clock
+    body: bytes  # the worker message of its next attempt
+    traceparent: str | None = None
+
+
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker writes when it settles one attempt: the new status plus the attempt row.
     ``status`` None (a rate-limited attempt) leaves the delivery's status and attempt alone."""
