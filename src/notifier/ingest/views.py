@@ -82,6 +82,8 @@ class ChannelView(_View):
     rate_limit_per_second: float | None
     # The payload filter (README "Payload filters"); null: every payload matches.
     filter: FilterView | None
+    # "fifo": one at a time, in acceptance order (README "Ordered delivery (FIFO)")
+    ordering: str
     created_at: Timestamp
     updated_at: Timestamp
 

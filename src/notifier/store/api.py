@@ -57,6 +57,7 @@ class ApiStore(Protocol):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        ordering: str = "none",
     ) -> Channel: ...
 
     async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None: ...

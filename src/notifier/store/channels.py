@@ -34,6 +34,7 @@ def _channel(row: Row) -> Channel:
         max_attempts=row["max_attempts"],
         rate_limit_per_second=row["rate_limit_per_second"],
         filter=row["filter"],
+        ordering=row["ordering"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -61,12 +62,13 @@ class ChannelQueries(Queries):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        ordering: str = "none",
     ) -> Channel:
         """A new channel; ``filter`` is one ``notifier.filters.parse`` accepted."""
         row = await self._pool.fetchrow(
             Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
             event_types, enabled, max_attempts, rate_limit_per_second, filter,
-            _jsonpath(filter),
+            _jsonpath(filter), ordering,
         )  # fmt: skip
         assert row is not None
         return _channel(row)
@@ -119,6 +121,7 @@ class ChannelQueries(Queries):
                 value("config"), value("recipient"), value("event_types"), value("enabled"),
                 value("max_attempts"), config_read if "config" in named else None,
                 value("rate_limit_per_second"), value("filter"), _jsonpath(value("filter")),
+                value("ordering"),
             )  # fmt: skip
             if row is not None:
                 return _channel(row)

@@ -2,10 +2,11 @@
 -- `-- name: NAME`; the SQL functions they call (notifier_*) are in schema.sql.
 
 -- name: channel_insert
--- $11 is the payload filter (NULL: none), $12 the jsonpath it compiles to (notifier.filters).
+-- $11 is the payload filter (NULL: none), $12 the jsonpath it compiles to (notifier.filters),
+-- $13 the ordering ('none' or 'fifo').
 INSERT INTO channels (id, tenant_id, type, name, config, recipient, event_types, enabled, max_attempts,
-                      rate_limit_per_second, filter, filter_path)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonpath)
+                      rate_limit_per_second, filter, filter_path, ordering)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonpath, $13)
 RETURNING *;
 
 -- name: channel_get
@@ -38,6 +39,8 @@ UPDATE channels SET
     -- a filter and its jsonpath change together ($12, $13; both NULL clear it)
     filter = CASE WHEN 'filter' = ANY($3::text[]) THEN $12::jsonb ELSE filter END,
     filter_path = CASE WHEN 'filter' = ANY($3::text[]) THEN $13::jsonpath ELSE filter_path END,
+    -- a new ordering applies to the events accepted after it (README "Ordered delivery (FIFO)")
+    ordering = CASE WHEN 'ordering' = ANY($3::text[]) THEN $14 ELSE ordering END,
     disabled_reason = CASE WHEN NOT ('enabled' = ANY($3::text[])) THEN disabled_reason
                            WHEN $8 THEN NULL WHEN enabled THEN 'disabled through the API'
                            ELSE disabled_reason END,

@@ -32,6 +32,7 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_per_second: float | None = None  # across the fleet; None: no limit
     # The payload filter (notifier.filters); None: every payload matches.
     filter: dict[str, Any] | None = None
+    ordering: str = "none"  # "fifo": README "Ordered delivery (FIFO)"
 
 
 class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +47,7 @@ class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int | msgspec.UnsetType | None = msgspec.UNSET
     rate_limit_per_second: float | msgspec.UnsetType | None = msgspec.UNSET
     filter: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET  # None: no filter
+    ordering: str | msgspec.UnsetType = msgspec.UNSET
 
     def named(self) -> list[str]:
         return [f for f in self.__struct_fields__ if getattr(self, f) is not msgspec.UNSET]

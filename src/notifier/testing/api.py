@@ -109,6 +109,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         max_attempts: int | None,
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
+        ordering: str = "none",
     ) -> Channel:
         await self._call()
         now = self._now()
@@ -116,7 +117,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
             id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
             recipient=recipient, event_types=list(event_types), enabled=enabled,
             max_attempts=max_attempts, rate_limit_per_second=rate_limit_per_second,
-            filter=filter, created_at=now, updated_at=now,
+            filter=filter, ordering=ordering, created_at=now, updated_at=now,
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel

@@ -85,6 +85,7 @@ def channel_view(
         max_attempts=channel.max_attempts,
         rate_limit_per_second=channel.rate_limit_per_second,
         filter=channel.filter,
+        ordering=channel.ordering,
         created_at=channel.created_at,
         updated_at=channel.updated_at,
     )
@@ -169,7 +170,7 @@ async def create_channel() -> Response:
         tenant_id, type=data.type, name=data.name, config=config,
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
-        filter=flt,
+        filter=flt, ordering=data.ordering,
     )  # fmt: skip
     [circuit] = (await circuits_for([channel])).values()
     return json_response(channel_view(channel, validator, circuit, reveal=True), 201)
