@@ -4,7 +4,8 @@ retry publisher on an AMQP connection of its own (docs/architecture.md §5, §4)
 from __future__ import annotations
 
 import logging
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
 import trio
@@ -12,7 +13,8 @@ import trio
 from notifier.adapters.base import Adapter
 from notifier.alerts import Alerts
 from notifier.batching import Batcher
-from notifier.broker.amqp import open_connection
+from notifier.broker.amqp import AmqpConnection, open_connection
+from notifier.broker.amqp_consumer import Consumer
 from notifier.broker.base import Confirm, Incoming, Outgoing
 from notifier.broker.repair import RepairingPublish
 from notifier.broker.topology import build_topology, fifo_queue, main_queue
@@ -101,6 +103,21 @@ def outcome_observers(
     return Observers(*observers)
 
 
+@asynccontextmanager
+async def open_fifo_consumers(
+    conn: AmqpConnection, channel_type: str, partitions: int, prefetch: int
+) -> AsyncIterator[list[Consumer]]:
+    """Trio-flavoured. A consumer of every FIFO partition of the type: the broker makes one
+    consumer of the fleet active per partition (``worker.fifo``)."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                conn.open_consumer(fifo_queue(channel_type, k), prefetch)
+            )
+            for k in range(partitions)
+        ]
+
+
 async def run_worker_group(
     channel_type: str,
     config: Config,
@@ -143,17 +160,9 @@ async def run_worker_group(
         async with (
             publishing.open_publisher(broker.publish_timeout_seconds) as publisher,
             conn.open_consumer(main_queue(channel_type), workers.prefetch) as consumer,
-            AsyncExitStack() as fifo_stack,
+            open_fifo_consumers(conn, channel_type, partitions, workers.prefetch) as fifo_consumers,
             trio.open_nursery() as nursery,
         ):
-            # every FIFO partition of the type: the broker makes one consumer of the fleet
-            # active per partition (worker.fifo)
-            fifo_consumers = [
-                await fifo_stack.enter_async_context(
-                    conn.open_consumer(fifo_queue(channel_type, k), workers.prefetch)
-                )
-                for k in range(partitions)
-            ]
             retries = Batcher[Outgoing, Confirm](
                 publisher.publish_batch, max_batch=256,
                 closed=lambda: BrokerError("the worker group is stopping"),
