@@ -97,7 +97,7 @@ class FailsSome:
 
 def sequence(received: Sequence[Received], path: str) -> list[int]:
     """The event numbers one channel's receiver saw, in arrival order, failed requests too."""
-    return [int(r.json()["data"]["n"]) for r in received if r.path == path]
+    return [int(r.json()["data"]["n"]) for r in received if r.path == f"/hook{path}"]
 
 
 def assert_in_order(seen: list[int], count: int) -> None:
@@ -173,7 +173,7 @@ async def test_three_processes_keep_each_fifo_channel_in_order(
     # ... and not behind the FIFO lines: the ordinary channels, with twice the events, were
     # done before the FIFO ones, which wait for each of their failures in turn
     last = {
-        p: max(r.at for r in sink.received if r.path == p)
+        p: max(r.at for r in sink.received if r.path == f"/hook{p}")
         for p in ("/fifo0", "/fifo1", "/plain0", "/plain1")
     }
     assert max(last["/plain0"], last["/plain1"]) < min(last["/fifo0"], last["/fifo1"]), last

@@ -61,6 +61,9 @@ log = logging.getLogger("notifier.worker")
 # A line's token is swapped for a fresh wake-up once held this long: far below RabbitMQ's
 # consumer_timeout (30 min by default), which closes a channel holding an older unacked message.
 TOKEN_HOLD_SECONDS = 300.0
+# A head due within this long is waited for in the line (a retry's shortest tier, a wake-up
+# that came early), not through a delay tier.
+SHORT_WAIT_SECONDS = 2.0
 # A wake-up the broker did not confirm: the token goes back to the queue after this pause.
 WAKE_FAILED_PAUSE_SECONDS = 1.0
 # The header that routes a delay tier's copy back to its partition when it dead-letters.
@@ -147,8 +150,9 @@ class _Line:
     token: Incoming | None
     token_since: float
     fresh: bool = False  # a wake-up arrived since the line last read its head
+    start_at: float = 0.0  # not before this (trio clock): a waiting head's time
     last_attempted: uuid.UUID | None = None
-    last_settle: Settle | None = None  # what the handler made of its message
+    just_attempted: bool = False  # the last step of the line was an attempt
     attempts: int = 0
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -212,15 +216,18 @@ class FifoLines:
             else:
                 incoming.settle(Settle.ACK)  # the line reads Postgres again before it ends
             return
-        due = self._parked.get(channel_id)
-        if due is not None:
-            if due > trio.current_time():
-                incoming.settle(Settle.ACK)  # its wake-up is in a delay tier
-                return
-            del self._parked[channel_id]
+        now = trio.current_time()
+        start_at = self._parked.pop(channel_id, now)
+        if start_at - now > TOKEN_HOLD_SECONDS:
+            # its head waits long: its wake-up is in a delay tier
+            self._parked[channel_id] = start_at
+            incoming.settle(Settle.ACK)
+            return
         if self._nursery is None:
             raise RuntimeError("FifoLines.take before run started")
-        line = self._lines[channel_id] = _Line(incoming, trio.current_time())
+        # A wake-up of a waiting head may come a little before the time this process worked
+        # out (the delay tiers' and the clocks' error): the line starts then, holding it.
+        line = self._lines[channel_id] = _Line(incoming, now, start_at=start_at)
         self._nursery.start_soon(self._drain, channel_id, line)
 
     async def wait_idle(self, channel_id: uuid.UUID) -> None:
@@ -232,6 +239,8 @@ class FifoLines:
     async def _drain(self, channel_id: uuid.UUID, line: _Line) -> None:
         settle: Settle | None = None
         try:
+            with self._stop.intake():
+                await trio.sleep_until(line.start_at)
             async with self._limiter:
                 settle = await self._run_line(channel_id, line)
         except Exception:
@@ -267,9 +276,13 @@ class FifoLines:
                 if line.fresh:
                     continue
                 return Settle.ACK
+            if 0 < head.wait_seconds <= SHORT_WAIT_SECONDS:
+                await trio.sleep(head.wait_seconds)  # due in a moment: wait here
+                line.just_attempted = False
+                continue
             if head.wait_seconds > 0:
                 return await self._park(channel_id, line, head)
-            if head.delivery_id == line.last_attempted:
+            if line.just_attempted and head.delivery_id == line.last_attempted:
                 # due still, just after its attempt: the attempt was not recorded (a panic
                 # whose row could not be written); not again at once, the token goes back
                 # after a pause
@@ -282,7 +295,7 @@ class FifoLines:
                 head.body, str(head.delivery_id), 0, False, settled, headers=headers
             )
             await self._handler.handle(incoming, message)
-            line.last_attempted, line.last_settle = head.delivery_id, settled.how
+            line.last_attempted, line.just_attempted = head.delivery_id, True
             line.attempts += 1
             if settled.how is Settle.REQUEUE:
                 # Postgres unavailable (the handler paused already) or a settling that timed
