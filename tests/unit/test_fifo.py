@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import msgspec
 import trio
@@ -24,12 +25,16 @@ from notifier.broker.topology import (
 from notifier.errors import PermanentError, RetriableError
 from notifier.lifecycle import Stop
 from notifier.messages import WorkerMessage, decode_message, encode_message
+from notifier.metrics import Metrics
+from notifier.relay.relay import route
+from notifier.store.rows import MetricsSnapshot, OutboxRow
 from notifier.testing import Delay, MemoryBroker, RecordingAdapter, worker_message
 from notifier.testing.buckets import MemoryBuckets
 from notifier.testing.fifo import MemoryFifo
 from notifier.worker.decide import RetryPolicy
 from notifier.worker.fifo import CC_HEADER, TOKEN_HOLD_SECONDS, FifoLines, FifoRetries
 from notifier.worker.handle import Handler
+from tests.unit.test_metrics import families
 
 TIERS = (1, 5, 15, 30)
 PARTITIONS = 4
@@ -228,3 +233,43 @@ def test_the_memory_line_numbers_like_the_fanout() -> None:
         store.add_fifo(worker_message(n, channel_id=CHANNEL))
     assert [m.payload["n"] for m in store.lines[CHANNEL]] == [3, 1, 2]
     assert msgspec.json.decode(encode_message(store.lines[CHANNEL][0]))["attempt"] == 1
+
+
+def test_the_fifo_lines_furthest_behind_are_rendered() -> None:
+    m = Metrics()
+    m.scrape_time.snapshot = MetricsSnapshot(
+        outbox_depth=0, pending=0, retrying=0, oldest_open_age_seconds=None,
+        fifo_lines=(("webhook", str(CHANNEL), 12, 30.5),),
+    )  # fmt: skip
+    got = families(m)
+    labels = {"channel_type": "webhook", "channel_id": str(CHANNEL)}
+    assert got["notifier_fifo_lag_seconds"] == [("notifier_fifo_lag_seconds", labels, 30.5)]
+    assert got["notifier_fifo_backlog"] == [("notifier_fifo_backlog", labels, 12.0)]
+    assert "notifier_fifo_lag_seconds" not in families(Metrics())
+
+
+def test_the_relay_sends_a_fifo_row_to_its_channels_partition() -> None:
+    body = encode_message(worker_message(1, channel_id=CHANNEL))
+    row = OutboxRow(id=1, delivery_id=uuid.UUID(int=1), routing_key="webhook.fifo", body=body,
+                    created_at=datetime(2024, 1, 1, tzinfo=UTC))  # fmt: skip
+    partition = fifo_partition(CHANNEL, PARTITIONS)
+    assert route(row, PARTITIONS) == (FIFO_EXCHANGE, fifo_routing_key("webhook", partition))
+    ordinary = msgspec.structs.replace(row, routing_key="webhook")
+    assert route(ordinary, PARTITIONS) == ("deliveries", "webhook")
+    broken = msgspec.structs.replace(row, body=b"{")
+    assert route(broken, PARTITIONS) == ("deliveries", "webhook")
+
+
+def test_fifo_partitions_have_a_single_active_consumer_and_tiers_that_keep_cc() -> None:
+    topology = build_topology(["webhook"], (1, 5), "quorum", 2)
+    by_name = {q.name: q for q in topology.queues}
+    assert {"deliveries.fifo", "deliveries.fifo.wait"} <= set(topology.exchanges)
+    partition = by_name["deliveries.webhook.fifo.1"]
+    assert partition.arguments["x-single-active-consumer"] is True
+    assert (partition.exchange, partition.routing_key) == ("deliveries.fifo", "webhook.fifo.1")
+    tier = by_name["deliveries.webhook.fifo.wait.5s"]
+    assert tier.arguments["x-message-ttl"] == 5000
+    assert tier.arguments["x-dead-letter-exchange"] == "deliveries.fifo"
+    assert "x-dead-letter-routing-key" not in tier.arguments  # the message's own keys, CC too
+    # without partitions, the topology is the one before FIFO channels
+    assert not any(".fifo" in q.name for q in build_topology(["webhook"], (1,), "quorum").queues)

@@ -188,6 +188,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     circuits: tuple[tuple[str, str, str], ...] = ()
     # (channel type, how many) of the channels notifier disabled (not a PATCH), where any
     auto_disabled: tuple[tuple[str, int], ...] = ()
+    # (channel type, channel id, unfinished deliveries, age of the oldest in seconds) of the
+    # FIFO channels furthest behind (README "Ordered delivery (FIFO)")
+    fifo_lines: tuple[tuple[str, str, int, float], ...] = ()
 
 
 class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):
