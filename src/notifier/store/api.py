@@ -19,6 +19,7 @@ from notifier.store.rows import (
     DestinationCircuit,
     Event,
     EventType,
+    FifoLine,
     IngestResult,
     MetricsSnapshot,
     NewEvent,
@@ -43,6 +44,10 @@ class ApiStore(Protocol):
     async def circuits_of(
         self, keys: Sequence[tuple[str, str]]
     ) -> dict[tuple[str, str], DestinationCircuit]: ...
+
+    async def fifo_lines(
+        self, tenant_id: uuid.UUID, channel_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, FifoLine]: ...
 
     async def create_channel(
         self,

@@ -13,7 +13,7 @@ from notifier import filters
 from notifier.store.base import Q, Row, crossing, transaction
 from notifier.store.errors import ConfigChanged
 from notifier.store.pool import Queries
-from notifier.store.rows import Channel, ChannelChanges
+from notifier.store.rows import Channel, ChannelChanges, FifoLine
 
 
 def _channel(row: Row) -> Channel:
@@ -128,6 +128,20 @@ class ChannelQueries(Queries):
             if "config" in named and await conn.fetchrow(Q["channel_get"], tenant_id, channel_id):
                 raise ConfigChanged("the channel's config changed while the new one was made")
             return None
+
+    @crossing
+    async def fifo_lines(
+        self, tenant_id: uuid.UUID, channel_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, FifoLine]:
+        """The lines of the tenant's FIFO channels among ``channel_ids`` that have unfinished
+        deliveries (the others are caught up)."""
+        rows = await self._pool.fetch(Q["fifo_lines"], tenant_id, channel_ids)
+        return {
+            r["channel_id"]: FifoLine(
+                backlog=r["backlog"], lag_seconds=r["lag_seconds"], retrying=r["retrying"]
+            )
+            for r in rows
+        }
 
     @transaction
     async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool:

@@ -57,3 +57,15 @@ RETURNING *;
 
 -- name: channel_delete
 DELETE FROM channels WHERE tenant_id = $1 AND id = $2 RETURNING id;
+
+-- name: fifo_lines
+-- The lines of a tenant's FIFO channels $2 (README "Ordered delivery (FIFO)"): per channel with
+-- unfinished deliveries, how many, the age of the oldest (since its event was accepted), and
+-- whether one is retrying; from deliveries_fifo_idx.
+SELECT channel_id, count(*) AS backlog,
+       extract(epoch FROM now() - min(created_at))::float8 AS lag_seconds,
+       bool_or(status = 'RETRYING') AS retrying
+FROM deliveries
+WHERE tenant_id = $1 AND channel_id = ANY($2::uuid[]) AND fifo_seq IS NOT NULL
+  AND status IN ('PENDING', 'RETRYING')
+GROUP BY channel_id;

@@ -141,6 +141,15 @@ class FifoHead(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None
 
 
+class FifoLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A FIFO channel's line as the console shows it: its unfinished deliveries, the seconds
+    since the oldest one's event was accepted, and whether one of them is retrying."""
+
+    backlog: int
+    lag_seconds: float
+    retrying: bool
+
+
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker writes when it settles one attempt: the new status plus the attempt row.
     ``status`` None (a rate-limited attempt) leaves the delivery's status and attempt alone."""
