@@ -16,19 +16,24 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 
+from notifier.messages import decode_message
+from notifier.store.pg import open_store
+from notifier.store.rows import NewEvent
 from notifier.testing import open_sink
 from notifier.testing.servers import Received
 from tests.chaos.harness import free_port, write_config
-from tests.integration.conftest import create_tenant, poll, scalar
+from tests.integration.conftest import create_tenant, poll, scalar, sql
 from tests.integration.test_shutdown import read_log, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -220,3 +225,85 @@ async def test_the_order_holds_when_the_active_consumer_is_killed(
         assert "attempt 1: delivered" in read_log(procs[survivor][1])
 
     assert_in_order(sequence(sink.received, "/line"), count)
+
+
+async def test_the_store_numbers_reads_and_renumbers_a_fifo_line(database_url: str) -> None:
+    """Against Postgres: the fan-out numbers a FIFO channel's deliveries in acceptance order
+    (batch order, then later batches; concurrent batches take turns) and routes them to
+    ``<type>.fifo``; ``fifo_head`` reads the lowest unfinished one; a replay takes a new number
+    at the end; the console's and /metrics' reads see the line. An ordinary channel gets no
+    number and no counter row."""
+    await create_tenant(database_url)
+    tenant_id = await scalar(database_url, "SELECT id FROM tenants LIMIT 1")
+    async with open_store(database_url) as store:
+        fifo = await store.create_channel(
+            tenant_id, type="webhook", name="", config={"url": "https://x.example/in"},
+            recipient=None, event_types=["*"], enabled=True, max_attempts=None, ordering="fifo",
+        )  # fmt: skip
+        plain = await store.create_channel(
+            tenant_id, type="webhook", name="", config={"url": "https://x.example/in"},
+            recipient=None, event_types=["*"], enabled=True, max_attempts=None,
+        )  # fmt: skip
+        assert (fifo.ordering, plain.ordering) == ("fifo", "none")
+
+        def event(n: int) -> NewEvent:
+            return NewEvent(
+                id=uuid.uuid4(), type="t", recipient=None, payload=msgspec.Raw(b'{"n": %d}' % n),
+                idempotency_key=None, request_hash=str(n), channel_ids=[fifo.id, plain.id],
+            )  # fmt: skip
+
+        await store.ingest(tenant_id, [event(n) for n in range(3)], {})
+        async with trio.open_nursery() as nursery:  # concurrent batches: numbers never repeat
+            for start in (3, 6, 9):
+                nursery.start_soon(
+                    store.ingest, tenant_id, [event(n) for n in range(start, start + 3)], {}
+                )
+        rows = await sql(
+            database_url,
+            "SELECT d.channel_id, d.fifo_seq, (e.payload ->> 'n')::int AS n, o.routing_key "
+            "FROM deliveries d JOIN events e ON e.id = d.event_id "
+            "JOIN outbox o ON o.delivery_id = d.id ORDER BY d.fifo_seq",
+        )
+        line = [r for r in rows if r["channel_id"] == fifo.id]
+        assert [r["fifo_seq"] for r in line] == list(range(1, 13))
+        assert [r["n"] for r in line[:3]] == [0, 1, 2]  # the batch's order
+        for start in (3, 6, 9):  # each concurrent batch in one piece, in its order
+            first = next(i for i, r in enumerate(line) if r["n"] == start)
+            assert [r["n"] for r in line[first : first + 3]] == [start, start + 1, start + 2]
+        assert {r["routing_key"] for r in line} == {"webhook.fifo"}
+        others = [r for r in rows if r["channel_id"] == plain.id]
+        assert {(r["fifo_seq"], r["routing_key"]) for r in others} == {(None, "webhook")}
+        assert await scalar(database_url, "SELECT count(*) FROM fifo_counters") == 1
+
+        head = await store.fifo_head(fifo.id)
+        assert head is not None
+        assert head.fifo_seq == 1
+        assert head.wait_seconds == 0
+        assert decode_message(head.body).attempt == 1
+        assert await store.fifo_head(plain.id) is None
+
+        lines = await store.fifo_lines(tenant_id, [fifo.id, plain.id])
+        assert set(lines) == {fifo.id}
+        assert lines[fifo.id].backlog == 12
+        snapshot = await store.metrics_snapshot()
+        assert [(t, c, b) for t, c, b, _ in snapshot.fifo_lines] == [("webhook", str(fifo.id), 12)]
+
+        # the head dies; its replay goes to the end of the line
+        await sql(
+            database_url, "UPDATE deliveries SET status = 'DEAD', attempt = 1 WHERE id = $1",
+            head.delivery_id,
+        )  # fmt: skip
+        after = await store.fifo_head(fifo.id)
+        assert after is not None
+        assert after.fifo_seq == 2
+        await store.replay_delivery(tenant_id, head.delivery_id)
+        assert (
+            await scalar(
+                database_url, "SELECT fifo_seq FROM deliveries WHERE id = $1", head.delivery_id
+            )
+            == 13
+        )
+        assert await scalar(
+            database_url, "SELECT routing_key FROM outbox WHERE delivery_id = $1 ORDER BY id DESC "
+            "LIMIT 1", head.delivery_id,
+        ) == "webhook.fifo"  # fmt: skip
