@@ -185,11 +185,6 @@ async def test_three_processes_keep_each_fifo_channel_in_order(
     plain_rate = 2 * ORDINARY_EVENTS / (max(last["/plain0"], last["/plain1"]) - started)
     fifo_rate = 2 * FIFO_EVENTS / (max(last["/fifo0"], last["/fifo1"]) - started)
     print(f"ordinary channels: {plain_rate:.1f}/s; FIFO channels: {fifo_rate:.1f}/s")
-    # the FIFO partitions were worked by the fleet, not one process alone or twice at once
-    fifo_delivered = [
-        len(re.findall(r"delivered", read_log(log))) for _, log, _ in procs
-    ]  # fmt: skip
-    assert sum(fifo_delivered) >= total
 
 
 async def test_the_order_holds_when_the_active_consumer_is_killed(

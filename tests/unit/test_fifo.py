@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 import trio
+import trio.lowlevel
 import trio.testing
 
 from notifier.broker.base import Incoming, Settle
@@ -32,7 +33,13 @@ from notifier.testing import Delay, MemoryBroker, RecordingAdapter, worker_messa
 from notifier.testing.buckets import MemoryBuckets
 from notifier.testing.fifo import MemoryFifo
 from notifier.worker.decide import RetryPolicy
-from notifier.worker.fifo import CC_HEADER, TOKEN_HOLD_SECONDS, FifoLines, FifoRetries
+from notifier.worker.fifo import (
+    CC_HEADER,
+    LINE_TURN_SECONDS,
+    TOKEN_HOLD_SECONDS,
+    FifoLines,
+    FifoRetries,
+)
 from notifier.worker.handle import Handler
 from tests.unit.test_metrics import families
 
@@ -57,7 +64,9 @@ class Settled:
 
 
 class Rig:
-    def __init__(self, adapter: RecordingAdapter, *, base_seconds: float = 5) -> None:
+    def __init__(
+        self, adapter: RecordingAdapter, *, base_seconds: float = 5, concurrency: int = 4
+    ) -> None:
         self.store = MemoryFifo()
         self.broker = MemoryBroker()
         self.broker.declare(build_topology(["webhook"], TIERS, "quorum", PARTITIONS))
@@ -69,7 +78,7 @@ class Rig:
             self.store, adapter, retries, timeout_seconds=10, policy=policy,
             limits=MemoryBuckets(),
         )  # fmt: skip
-        self.lines = FifoLines(self.store, handler, retries, self.stop, concurrency=4)
+        self.lines = FifoLines(self.store, handler, retries, self.stop, concurrency=concurrency)
         self.settled = Settled()
         self._tag = 0
 
@@ -217,6 +226,25 @@ async def test_a_long_line_swaps_its_token_before_the_broker_would_give_up(
         await rig.idle()
         assert rig.settled.by_tag[second] is Settle.ACK
     assert rig.delivered() == list(range(1, count + 1))
+
+
+async def test_a_line_that_never_runs_dry_gives_its_turn_up(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # one turn for two channels; ours has 20 deliveries of 3 s each, theirs one
+    rig = Rig(RecordingAdapter("webhook", default=Delay(3)), concurrency=1)
+    ours = [rig.add(n) for n in range(1, 21)]
+    [theirs] = [rig.add(100, OTHER)]
+    async with running(rig):
+        rig.wake(ours[0])
+        await trio.lowlevel.checkpoint()
+        rig.wake(theirs)
+        await rig.idle(CHANNEL, OTHER)
+    assert rig.delivered() == list(range(1, 21))
+    calls = [m.payload["n"] for m in rig.adapter.messages]
+    # theirs went after about LINE_TURN_SECONDS of ours, not after all of ours
+    assert calls.index(100) <= LINE_TURN_SECONDS // 3 + 1
+    assert calls[-1] == 20
 
 
 async def test_an_undecodable_wakeup_is_rejected() -> None:

@@ -23,8 +23,9 @@ cannot reorder what the line reads.
   RabbitMQ's ``consumer_timeout``.
 - ``DEAD`` releases the line: the head is finished, the next one is attempted.
 
-What is left to a channel's line is bounded by ``concurrency`` lines running at once in a process
-(a ``trio.CapacityLimiter``); a line takes its turn with its token in hand.
+At most ``concurrency`` lines run at once in a process (a ``trio.CapacityLimiter``, first come
+first served); a line waits for its turn with its token in hand, and gives its turn up after
+``LINE_TURN_SECONDS`` when others wait, so a channel that never runs dry keeps none out.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import msgspec
 import trio
@@ -64,6 +65,10 @@ TOKEN_HOLD_SECONDS = 300.0
 # A head due within this long is waited for in the line (a retry's shortest tier, a wake-up
 # that came early), not through a delay tier.
 SHORT_WAIT_SECONDS = 2.0
+# A line runs this long at most while other lines wait for one of the ``concurrency`` turns,
+# then waits at the back: a channel that never runs dry does not keep the others out.
+LINE_TURN_SECONDS = 10.0
+TURN_OVER = "turn over"
 # A wake-up the broker did not confirm: the token goes back to the queue after this pause.
 WAKE_FAILED_PAUSE_SECONDS = 1.0
 # The header that routes a delay tier's copy back to its partition when it dead-letters.
@@ -241,8 +246,12 @@ class FifoLines:
         try:
             with self._stop.intake():
                 await trio.sleep_until(line.start_at)
-            async with self._limiter:
-                settle = await self._run_line(channel_id, line)
+            while True:
+                async with self._limiter:
+                    outcome = await self._run_line(channel_id, line)
+                if outcome != TURN_OVER:  # else: the line waits for a turn again, at the back
+                    settle = cast(Settle | None, outcome)
+                    break
         except Exception:
             log.exception("FIFO channel %s: the line failed; requeueing its token", channel_id)
             settle = Settle.REQUEUE
@@ -256,12 +265,16 @@ class FifoLines:
         if line.token is not None and settle is not None:
             line.token.settle(settle)
 
-    async def _run_line(self, channel_id: uuid.UUID, line: _Line) -> Settle | None:
+    async def _run_line(self, channel_id: uuid.UUID, line: _Line) -> Settle | str | None:
         """Attempt the channel's line until it is empty or its head must wait; how to settle
-        the token (None: leave it to the channel's close, the process is stopping)."""
+        the token (None: leave it to the channel's close, the process is stopping), or
+        ``TURN_OVER`` once the line has had ``LINE_TURN_SECONDS`` while other lines wait."""
+        turn_ends = trio.current_time() + LINE_TURN_SECONDS
         while True:
             if self._stop.is_set():
                 return None
+            if trio.current_time() > turn_ends and self._limiter.statistics().tasks_waiting:
+                return TURN_OVER
             held = trio.current_time() - line.token_since
             if line.token is not None and held > TOKEN_HOLD_SECONDS:
                 await self._swap_token(channel_id, line)
