@@ -12,7 +12,6 @@ fails some requests.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
