@@ -247,6 +247,22 @@ async def test_a_line_that_never_runs_dry_gives_its_turn_up(
     assert calls[-1] == 20
 
 
+async def test_a_stop_lets_each_line_finish_its_attempt(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    rig = Rig(RecordingAdapter("webhook", default=Delay(3)))
+    messages = [rig.add(n) for n in (1, 2, 3)]
+    async with running(rig):
+        token = rig.wake(messages[0])
+        await trio.sleep(1)  # the first attempt is under way
+        rig.stop.set()
+        with trio.fail_after(10):
+            await rig.lines.wait_stopped()
+    assert rig.delivered() == [1]
+    assert rig.store.states[messages[0].delivery_id].status == "DELIVERED"  # recorded
+    assert token not in rig.settled.by_tag  # back to the queue with the channel
+
+
 async def test_an_undecodable_wakeup_is_rejected() -> None:
     rig = Rig(RecordingAdapter())
     async with running(rig):

@@ -241,6 +241,12 @@ class FifoLines:
         if line is not None:
             await line.done.wait()
 
+    async def wait_stopped(self) -> None:
+        """Trio-flavoured. Once stopped: return when every line has ended (each finishes the
+        attempt it is making; its token goes back to the queue with the channel)."""
+        while self._lines:
+            await next(iter(self._lines.values())).done.wait()
+
     async def _drain(self, channel_id: uuid.UUID, line: _Line) -> None:
         settle: Settle | None = None
         try:

@@ -221,6 +221,7 @@ async def run_worker_group(
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
                     pool.start_soon(worker_task, consumer.receive, dispatch, stop)
+            await lines.wait_stopped()  # each FIFO line finishes the attempt it is making
             # stopped: end the watchers and batchers before the channels close
             nursery.cancel_scope.cancel()
         if lost:
