@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -180,7 +181,11 @@ class FifoLines:
         stop: Stop,
         *,
         concurrency: int,
+        tracking: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
+        """``tracking`` counts each attempt while it is made (the group's
+        ``notifier_worker_in_flight``)."""
+        self._tracking = tracking or nullcontext
         self._store = store
         self._handler = handler
         self._retries = retries
@@ -313,7 +318,8 @@ class FifoLines:
             incoming = Incoming(
                 head.body, str(head.delivery_id), 0, False, settled, headers=headers
             )
-            await self._handler.handle(incoming, message)
+            with self._tracking():
+                await self._handler.handle(incoming, message)
             line.last_attempted, line.just_attempted = head.delivery_id, True
             line.attempts += 1
             if settled.how is Settle.REQUEUE:

@@ -187,12 +187,13 @@ async def run_worker_group(
                 ),
                 limits=store, circuits=circuits, tracing=tracing,
             )  # fmt: skip
+            in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             lines = FifoLines(
                 store, fifo_handler,
                 FifoRetries(publish, channel_type, config.retry.tiers_seconds, partitions),
                 stop, concurrency=workers.concurrency,
+                tracking=in_flight.track_inprogress if in_flight is not None else None,
             )  # fmt: skip
-            in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
             dispatch = FairDispatch(
                 handler, adapter, fair_share(workers), stop,
                 tracking=in_flight.track_inprogress if in_flight is not None else None,
