@@ -130,12 +130,16 @@ class FifoRetries:
         key = fifo_routing_key(self._type, fifo_partition(channel_id, self._partitions))
         return await self._publish(Outgoing(FIFO_EXCHANGE, key, out_body, mid))
 
+    def tier_for(self, seconds: float) -> int:
+        """The delay tier a wait of ``seconds`` goes through (the longest for a longer one)."""
+        return tier_for(seconds, self._seconds)
+
     async def wake_after(
         self, channel_id: uuid.UUID, seconds: float, body: bytes, mid: str,
         traceparent: str | None,
     ) -> Confirm:  # fmt: skip
         """A wake-up of the channel through the FIFO tier covering ``seconds``."""
-        tier = tier_for(seconds, self._seconds)
+        tier = self.tier_for(seconds)
         return await self._publish(
             self.wake_up(channel_id, fifo_wait_queue(self._type, tier), body, mid, traceparent)
         )
@@ -192,12 +196,16 @@ class FifoLines:
         self._stop = stop
         self._limiter = trio.CapacityLimiter(concurrency)
         self._lines: dict[uuid.UUID, _Line] = {}
-        self._parked: dict[uuid.UUID, float] = {}  # channel → when its head is due (trio clock)
+        # channel → (when its head is due, when its wake-up comes back from its delay tier),
+        # on trio's clock
+        self._parked: dict[uuid.UUID, tuple[float, float]] = {}
         self._nursery: trio.Nursery | None = None
 
     def statistics(self) -> LineStatistics:
         now = trio.current_time()
-        return LineStatistics(len(self._lines), sum(1 for t in self._parked.values() if t > now))
+        return LineStatistics(
+            len(self._lines), sum(1 for due, _ in self._parked.values() if due > now)
+        )
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Trio-flavoured. The nursery of the lines; runs until cancelled."""
@@ -227,16 +235,23 @@ class FifoLines:
                 incoming.settle(Settle.ACK)  # the line reads Postgres again before it ends
             return
         now = trio.current_time()
-        start_at = self._parked.pop(channel_id, now)
-        if start_at - now > TOKEN_HOLD_SECONDS:
-            # its head waits long: its wake-up is in a delay tier
-            self._parked[channel_id] = start_at
-            incoming.settle(Settle.ACK)
-            return
+        start_at = now
+        parked = self._parked.pop(channel_id, None)
+        if parked is not None:
+            due, wake_at = parked
+            if now < wake_at - SHORT_WAIT_SECONDS:
+                # its head waits, and a wake-up of it is in a delay tier until then
+                self._parked[channel_id] = parked
+                incoming.settle(Settle.ACK)
+                return
+            # The wake-up (a little early, as the tiers and the clocks go), or a message
+            # after it: the line starts at the head's time, holding the message meanwhile; a
+            # head due later than a token may be held (longer than the longest tier) starts
+            # the line now, which sends the next wake-up.
+            if due - now <= TOKEN_HOLD_SECONDS:
+                start_at = due
         if self._nursery is None:
             raise RuntimeError("FifoLines.take before run started")
-        # A wake-up of a waiting head may come a little before the time this process worked
-        # out (the delay tiers' and the clocks' error): the line starts then, holding it.
         line = self._lines[channel_id] = _Line(incoming, now, start_at=start_at)
         self._nursery.start_soon(self._drain, channel_id, line)
 
@@ -348,10 +363,11 @@ class FifoLines:
                     )  # fmt: skip
                     await trio.sleep(WAKE_FAILED_PAUSE_SECONDS)
                     return Settle.REQUEUE
-        self._parked[channel_id] = trio.current_time() + head.wait_seconds
-        if len(self._parked) > 4096:  # forget the ones long due
-            now = trio.current_time()
-            self._parked = {c: t for c, t in self._parked.items() if t > now}
+        now = trio.current_time()
+        tier = self._retries.tier_for(head.wait_seconds)
+        self._parked[channel_id] = (now + head.wait_seconds, now + tier)
+        if len(self._parked) > 4096:  # forget the ones whose wake-up came back long ago
+            self._parked = {c: p for c, p in self._parked.items() if p[1] > now}
         return Settle.ACK
 
     async def _swap_token(self, channel_id: uuid.UUID, line: _Line) -> None:
