@@ -163,14 +163,7 @@ class _Line:
     start_at: float = 0.0  # not before this (trio clock): a waiting head's time
     last_attempted: uuid.UUID | None = None
     just_attempted: bool = False  # the last step of the line was an attempt
-    attempts: int = 0
     done: trio.Event = field(default_factory=trio.Event)
-
-
-@dataclass(frozen=True, slots=True)
-class LineStatistics:
-    running: int  # lines of this process
-    parked: int  # channels waiting for their head's next attempt
 
 
 class FifoLines:
@@ -200,12 +193,6 @@ class FifoLines:
         # on trio's clock
         self._parked: dict[uuid.UUID, tuple[float, float]] = {}
         self._nursery: trio.Nursery | None = None
-
-    def statistics(self) -> LineStatistics:
-        now = trio.current_time()
-        return LineStatistics(
-            len(self._lines), sum(1 for due, _ in self._parked.values() if due > now)
-        )
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Trio-flavoured. The nursery of the lines; runs until cancelled."""
@@ -336,7 +323,6 @@ class FifoLines:
             with self._tracking():
                 await self._handler.handle(incoming, message)
             line.last_attempted, line.just_attempted = head.delivery_id, True
-            line.attempts += 1
             if settled.how is Settle.REQUEUE:
                 # Postgres unavailable (the handler paused already) or a settling that timed
                 # out: the token goes back, and the line starts again from Postgres.
