@@ -120,6 +120,18 @@ ALTER TABLE channels ADD COLUMN IF NOT EXISTS filter_path jsonpath NULL;
 ALTER TABLE channels DROP CONSTRAINT IF EXISTS channels_filter_check;
 ALTER TABLE channels ADD CONSTRAINT channels_filter_check
     CHECK ((filter IS NULL) = (filter_path IS NULL));
+-- 0014: FIFO (ordered) channels (README "Ordered delivery (FIFO)", docs/architecture.md §5).
+-- `channels.ordering` is 'none' or 'fifo'. A FIFO channel's deliveries get `fifo_seq`, their
+-- acceptance order, from the channel's counter row in `fifo_counters`, taken in the fan-out
+-- (or replay) statement itself: the row lock makes the transactions of one FIFO channel commit
+-- in the order of their numbers, so a worker that reads the lowest unfinished number never
+-- passes one that is still to commit. Ordinary channels have no counter row and NULL numbers.
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS ordering text NOT NULL DEFAULT 'none'
+    CONSTRAINT channels_ordering_check CHECK (ordering IN ('none', 'fifo'));
+CREATE TABLE IF NOT EXISTS fifo_counters (
+    channel_id  uuid PRIMARY KEY REFERENCES channels (id) ON DELETE CASCADE,
+    last_seq    bigint NOT NULL
+);
 -- Fan-out reads the enabled channels of one tenant.
 CREATE INDEX IF NOT EXISTS channels_fanout_idx ON channels (tenant_id) WHERE enabled;
 CREATE INDEX IF NOT EXISTS channels_list_idx ON channels (tenant_id, created_at, id);
@@ -196,6 +208,11 @@ CREATE INDEX IF NOT EXISTS deliveries_channel_idx ON deliveries (channel_id, cre
 -- what retention asks a day's partition before it drops it.
 CREATE INDEX IF NOT EXISTS deliveries_open_idx ON deliveries (updated_at)
     WHERE status IN ('PENDING', 'RETRYING');
+-- 0014: a FIFO channel's acceptance order (NULL for ordinary channels).
+ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS fifo_seq bigint NULL;
+-- A FIFO channel's unfinished deliveries in order: the worker's head of the line, /metrics' lag.
+CREATE INDEX IF NOT EXISTS deliveries_fifo_idx ON deliveries (channel_id, fifo_seq)
+    WHERE fifo_seq IS NOT NULL AND status IN ('PENDING', 'RETRYING');
 -- Dead deliveries in age order, per tenant: what `GET /v1/deliveries?status=DEAD` and a replay
 -- look for, without reading through every delivered one.
 CREATE INDEX IF NOT EXISTS deliveries_dead_idx ON deliveries (tenant_id, created_at, id)

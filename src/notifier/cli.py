@@ -258,7 +258,8 @@ async def _check(config: Config) -> bool:
         report(False, f"database: {_why(exc)}")
     # What the relay declares (and the workers consume), and AMQP ingest's own, if enabled.
     types = list(config.workers.enabled())
-    parts = [build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)]
+    parts = [build_topology(types, config.retry.tiers_seconds, config.broker.queue_type,
+                            config.broker.fifo_partitions)]  # fmt: skip
     if config.amqp_ingest.enabled:
         ingest = config.amqp_ingest
         parts.append(ingest_topology(ingest.queue, ingest.dead_letter_queue_name,

@@ -124,6 +124,17 @@ class ScrapeTime(Collector):
                 labels=["channel_type"],
             ),
             GaugeMetricFamily(
+                "notifier_fifo_lag_seconds",
+                "A FIFO channel's lag: seconds since the event of its oldest unfinished delivery "
+                "was accepted (read from Postgres; the 50 channels furthest behind).",
+                labels=["channel_type", "channel_id"],
+            ),
+            GaugeMetricFamily(
+                "notifier_fifo_backlog",
+                "A FIFO channel's unfinished deliveries (the same 50 channels).",
+                labels=["channel_type", "channel_id"],
+            ),
+            GaugeMetricFamily(
                 "notifier_ready",
                 "1 when this process's readiness (GET /readyz: Postgres, its schema, RabbitMQ) "
                 "is ready, else 0.",
@@ -136,7 +147,7 @@ class ScrapeTime(Collector):
     def collect(self) -> Iterable[Metric]:
         (
             outbox, open_, oldest, overdue, ahead, circuits, broker_up, queues, consumers,
-            database_up, disabled, ready,
+            database_up, disabled, fifo_lag, fifo_backlog, ready,
         ) = self._families()  # fmt: skip
         if self.database_up is not None:
             database_up.add_metric([], 1.0 if self.database_up else 0.0)
@@ -165,6 +176,12 @@ class ScrapeTime(Collector):
                 disabled.add_metric([channel_type], count)
             if s.auto_disabled:
                 yield disabled
+            for channel_type, channel_id, backlog, age in s.fifo_lines:
+                fifo_lag.add_metric([channel_type, channel_id], age)
+                fifo_backlog.add_metric([channel_type, channel_id], backlog)
+            if s.fifo_lines:
+                yield fifo_lag
+                yield fifo_backlog
         if self.broker_up is not None:
             broker_up.add_metric([], 1.0 if self.broker_up else 0.0)
             yield broker_up

@@ -58,13 +58,15 @@ async def run_relay(
         config.broker.url, name="relay", heartbeat_seconds=config.broker.heartbeat_seconds
     ) as conn:
         await conn.declare(
-            build_topology(types, config.retry.tiers_seconds, config.broker.queue_type)
-        )
+            build_topology(types, config.retry.tiers_seconds, config.broker.queue_type,
+                           config.broker.fifo_partitions)
+        )  # fmt: skip
         async with conn.open_publisher(config.broker.publish_timeout_seconds) as publisher:
             await relay_loop(
                 store, publisher, stop, batch_size=config.relay.batch_size,
                 poll_interval_seconds=config.relay.poll_interval_seconds, metrics=metrics,
-                tracing=tracing, task_status=task_status,
+                tracing=tracing, fifo_partitions=config.broker.fifo_partitions,
+                task_status=task_status,
             )  # fmt: skip
 
 

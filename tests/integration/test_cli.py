@@ -76,7 +76,7 @@ async def test_migrate_is_idempotent_and_creates_every_table(tmp_path: Path) -> 
         assert tables == {
             "tenants", "channels", "events", "event_keys", "deliveries", "delivery_attempts",
             "outbox", "rate_buckets", "schema_migrations", "circuits", "console_sessions",
-            "console_signin_failures", "event_types",
+            "console_signin_failures", "event_types", "fifo_counters",
         }  # fmt: skip
         # The history's partitions: today's and 7 days ahead, of each of its three tables.
         days = await sql(
@@ -213,14 +213,16 @@ async def test_check_reports_each_check_and_exits_1_until_all_pass(
     assert "ok database: Postgres answers" in lines
     assert f"ok schema: schema version {LATEST} (current)" in lines
     (broker,) = [line for line in lines if line.startswith("FAIL broker")]
-    assert "0/15 exchanges and queues declared; missing exchange deliveries," in broker
+    # 15 for the work queue, its tiers and DLQ; 20 for FIFO channels' (8 partitions, 10 tiers)
+    assert "0/35 exchanges and queues declared; missing exchange deliveries," in broker
     assert "queue deliveries.webhook," in broker
 
     config = parse_config(tomllib.loads(cfg.read_text()), env={})
     with trio.fail_after(30):
         async with amqp.open_connection(broker_url, name="test") as conn:
             await conn.declare(build_topology(["webhook"], config.retry.tiers_seconds,
-                                              config.broker.queue_type))  # fmt: skip
+                                              config.broker.queue_type,
+                                              config.broker.fifo_partitions))  # fmt: skip
     passing = await trio.to_thread.run_sync(notifier, "check", "--config", str(cfg))
     assert passing.returncode == 0, passing.stdout
     assert all(line.startswith("ok ") for line in passing.stdout.splitlines())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,13 @@ from typing import Any
 EXCHANGE = "deliveries"
 RETRY_EXCHANGE = "deliveries.retry"
 DEAD_EXCHANGE = "deliveries.dead"
+# FIFO channels (README "Ordered delivery (FIFO)"): single-active-consumer partitions, and the
+# delay tiers that send a channel's wake-up back to its partition.
+FIFO_EXCHANGE = "deliveries.fifo"
+FIFO_WAIT_EXCHANGE = "deliveries.fifo.wait"
+# An outbox row whose routing key is ``<type>`` + this is a FIFO channel's: the relay sends it
+# to the channel's partition.
+FIFO_SUFFIX = ".fifo"
 
 # A quorum queue dead-letters a message that has been returned this many times (e.g. a message
 # that crashes its worker process every time), so a crash loop cannot spin forever.
@@ -26,6 +34,24 @@ def retry_queue(channel_type: str, seconds: int) -> str:
 
 def dead_queue(channel_type: str) -> str:
     return f"deliveries.{channel_type}.dead"
+
+
+def fifo_partition(channel_id: uuid.UUID, partitions: int) -> int:
+    """The partition of a FIFO channel: the same in every process, spread evenly (a uuid4's
+    low bits are random)."""
+    return channel_id.int % partitions
+
+
+def fifo_routing_key(channel_type: str, partition: int) -> str:
+    return f"{channel_type}{FIFO_SUFFIX}.{partition}"
+
+
+def fifo_queue(channel_type: str, partition: int) -> str:
+    return f"deliveries.{channel_type}{FIFO_SUFFIX}.{partition}"
+
+
+def fifo_wait_queue(channel_type: str, seconds: int) -> str:
+    return f"deliveries.{channel_type}{FIFO_SUFFIX}.wait.{seconds}s"
 
 
 def tier_for(delay_seconds: float, tiers: Sequence[int]) -> int:
@@ -74,11 +100,43 @@ def _dead_lettering(queue_type: str, exchange: str, routing_key: str) -> dict[st
     return args
 
 
-def build_topology(
-    channel_types: Iterable[str], tiers_seconds: Sequence[int], queue_type: str
-) -> Topology:
+def fifo_queues(
+    channel_type: str, tiers_seconds: Sequence[int], queue_type: str, partitions: int
+) -> list[Queue]:
+    """A type's FIFO partitions (single active consumer: one consumer of the fleet gets a
+    partition's messages, the next takes over when it goes) and its FIFO delay tiers. A wake-up
+    is published to a tier with the header ``CC`` naming its partition's routing key; the tier
+    dead-letters with the message's own routing keys, so the ``CC`` one reaches the
+    partition."""
     queues: list[Queue] = []
+    for k in range(partitions):
+        args = _kind(queue_type) | _dead_lettering(queue_type, DEAD_EXCHANGE, channel_type)
+        args["x-single-active-consumer"] = True
+        if queue_type == "quorum":
+            args["x-delivery-limit"] = DELIVERY_LIMIT
+        key = fifo_routing_key(channel_type, k)
+        queues.append(Queue(fifo_queue(channel_type, k), args, FIFO_EXCHANGE, key))
+    for s in tiers_seconds:
+        name = fifo_wait_queue(channel_type, s)
+        args = _kind(queue_type) | _dead_lettering(queue_type, FIFO_EXCHANGE, "")
+        del args["x-dead-letter-routing-key"]  # the message's own keys, ``CC`` included
+        args["x-message-ttl"] = s * 1000
+        queues.append(Queue(name, args, FIFO_WAIT_EXCHANGE, name))
+    return queues
+
+
+def build_topology(
+    channel_types: Iterable[str], tiers_seconds: Sequence[int], queue_type: str,
+    fifo_partitions: int = 0,
+) -> Topology:  # fmt: skip
+    """Every type's queues; with ``fifo_partitions``, its FIFO partitions and tiers too."""
+    queues: list[Queue] = []
+    exchanges: tuple[str, ...] = (EXCHANGE, RETRY_EXCHANGE, DEAD_EXCHANGE)
+    if fifo_partitions:
+        exchanges += (FIFO_EXCHANGE, FIFO_WAIT_EXCHANGE)
     for t in channel_types:
+        if fifo_partitions:
+            queues.extend(fifo_queues(t, tiers_seconds, queue_type, fifo_partitions))
         main_args = _kind(queue_type) | _dead_lettering(queue_type, DEAD_EXCHANGE, t)
         if queue_type == "quorum":
             main_args["x-delivery-limit"] = DELIVERY_LIMIT
@@ -89,7 +147,7 @@ def build_topology(
             args["x-message-ttl"] = s * 1000
             queues.append(Queue(name, args, RETRY_EXCHANGE, name))
         queues.append(Queue(dead_queue(t), _kind(queue_type), DEAD_EXCHANGE, t))
-    return Topology(queues=queues)
+    return Topology(exchanges=exchanges, queues=queues)
 
 
 def ingest_topology(queue: str, dead_letter_queue: str, queue_type: str) -> Topology:

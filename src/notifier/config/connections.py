@@ -53,6 +53,9 @@ class BrokerConfig(Section, frozen=True):
     queue_type: Literal["quorum", "classic"] = "quorum"
     publish_timeout_seconds: PositiveFloat = 10.0
     heartbeat_seconds: Annotated[int, msgspec.Meta(ge=10, le=30)] = 15
+    # FIFO channels' single-active-consumer queues per channel type (README "Ordered delivery
+    # (FIFO)"); every relay and worker of a fleet must use the same number.
+    fifo_partitions: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
 
 
 _ENCODE_HINT = "percent-encode / # ? : @ in the user name and password (%2F %23 %3F %3A %40)"

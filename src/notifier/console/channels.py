@@ -43,6 +43,9 @@ async def channels() -> Response:
         tenant_id, type=None, recipient=None, after=None, limit=MAX_CHANNELS
     )
     circuits = await circuits_for(found)
+    # FIFO channels' lines (README "Ordered delivery (FIFO)"): one statement, when there are any
+    fifo = [c.id for c in found if c.ordering == "fifo"]
+    lines = await ctx.store.fifo_lines(tenant_id, fifo) if fifo else {}
     shown = [
         (c, json.dumps(public_config(ctx.validators.get(c.type), c.config), ensure_ascii=False),
          circuits[c.id],
@@ -50,7 +53,7 @@ async def channels() -> Response:
          json.dumps(c.filter, ensure_ascii=False) if c.filter is not None else None)
         for c in found
     ]  # fmt: skip
-    return await page("channels.html", signed_in=True, channels=shown)
+    return await page("channels.html", signed_in=True, channels=shown, fifo_lines=lines)
 
 
 @routes.post("/channels/<uuid:channel_id>/<any(enable, disable):action>")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -85,6 +85,9 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+Ordering = Literal["none", "fifo"]
+
+
 class ChannelIn(_Body):
     type: ChannelType
     config: dict[str, Any]
@@ -98,6 +101,8 @@ class ChannelIn(_Body):
     rate_limit_per_second: RatePerSecond | None = None
     filter: ChannelFilter | None = None
     customer: Customer | None = None
+    # "fifo": attempted one at a time in acceptance order (README "Ordered delivery (FIFO)")
+    ordering: Ordering = "none"
 
 
 class ChannelPatch(_Body):
@@ -112,6 +117,7 @@ class ChannelPatch(_Body):
     rate_limit_per_second: RatePerSecond | msgspec.UnsetType | None = msgspec.UNSET
     filter: ChannelFilter | msgspec.UnsetType | None = msgspec.UNSET  # null: no filter
     customer: Customer | msgspec.UnsetType | None = msgspec.UNSET  # null: no customer label
+    ordering: Ordering | msgspec.UnsetType = msgspec.UNSET
 
 
 class EventIn(_Body):

@@ -207,7 +207,8 @@ def _channel_paths(
             "(another PATCH, notifier disabling the channel) is kept. A `config` without "
             "`secret` keeps the stored one; a new `secret` starts a rotation. `enabled: true` "
             "re-enables the channel and resets its health; `filter: null` removes its payload "
-            "filter.",
+            "filter. A new `ordering` (`none`, `fifo`: one at a time in acceptance order) "
+            "applies to the events accepted after it; deliveries accepted before keep theirs.",
             body=patch_body, example={"name": "billing alerts"},
         ),
         "delete": op(

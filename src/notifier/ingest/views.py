@@ -84,6 +84,8 @@ class ChannelView(_View):
     filter: FilterView | None
     # The tenant's own customer the channel belongs to (README "Customer portal"); null: none.
     customer: str | None
+    # "fifo": one at a time, in acceptance order (README "Ordered delivery (FIFO)")
+    ordering: str
     created_at: Timestamp
     updated_at: Timestamp
 

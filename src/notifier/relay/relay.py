@@ -9,15 +9,23 @@ whose confirm never came stays as it was and is published again (a duplicate, ne
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Protocol
 
+import msgspec
 import trio
 
 from notifier.broker.base import Confirm, Outgoing, Publisher
-from notifier.broker.topology import EXCHANGE
+from notifier.broker.topology import (
+    EXCHANGE,
+    FIFO_EXCHANGE,
+    FIFO_SUFFIX,
+    fifo_partition,
+    fifo_routing_key,
+)
 from notifier.errors import BrokerError
 from notifier.hint import Hint
 from notifier.lifecycle import Stop
@@ -33,6 +41,8 @@ log = logging.getLogger("notifier.relay")
 BLOCKED_NOTICE_SECONDS = 1.0
 # After unconfirmed publishes: a publisher not ready within this long is blocked, not broken.
 BLOCKED_PROBE_SECONDS = 0.5
+# ``broker.fifo_partitions``' default.
+DEFAULT_FIFO_PARTITIONS = 8
 
 
 class Claim(Protocol):
@@ -45,19 +55,45 @@ class OutboxStore(DoorbellStore, Protocol):
     def claim_outbox(self, limit: int) -> AbstractAsyncContextManager[Claim]: ...
 
 
-def _outgoing(row: OutboxRow, traceparent: str | None) -> Outgoing:
+class _ChannelOnly(msgspec.Struct):
+    channel_id: uuid.UUID
+
+
+_channel_of = msgspec.json.Decoder(_ChannelOnly).decode
+
+
+def route(row: OutboxRow, fifo_partitions: int) -> tuple[str, str]:
+    """The exchange and routing key of a row: its channel type's work queue, or for a FIFO
+    channel's row (``<type>.fifo``) the channel's partition (README "Ordered delivery (FIFO)").
+    A FIFO row whose body names no channel (never written so) goes to the type's work queue,
+    whose worker ends it as it would any message."""
+    if not row.routing_key.endswith(FIFO_SUFFIX):
+        return EXCHANGE, row.routing_key
+    channel_type = row.routing_key.removesuffix(FIFO_SUFFIX)
+    try:
+        channel_id = _channel_of(row.body).channel_id
+    except msgspec.DecodeError:
+        return EXCHANGE, channel_type
+    key = fifo_routing_key(channel_type, fifo_partition(channel_id, fifo_partitions))
+    return FIFO_EXCHANGE, key
+
+
+def _outgoing(row: OutboxRow, traceparent: str | None, fifo_partitions: int) -> Outgoing:
     headers = None if traceparent is None else {TRACE_HEADER: traceparent}
-    return Outgoing(EXCHANGE, row.routing_key, row.body, str(row.delivery_id), headers)
+    exchange, key = route(row, fifo_partitions)
+    return Outgoing(exchange, key, row.body, str(row.delivery_id), headers)
 
 
 async def _publish(
-    publisher: Publisher, batch: Sequence[OutboxRow], tracing: Tracing
+    publisher: Publisher, batch: Sequence[OutboxRow], tracing: Tracing, fifo_partitions: int
 ) -> list[Confirm]:
     """Publish the rows, each with its event's trace context as the header ``traceparent``;
     with tracing on, a span per row that has one (a child of its ingest span), ended (failed,
     when the publish raises) once the broker has answered."""
     if not tracing.enabled:
-        return await publisher.publish_batch([_outgoing(r, r.traceparent) for r in batch])
+        return await publisher.publish_batch(
+            [_outgoing(r, r.traceparent, fifo_partitions) for r in batch]
+        )
     spans = [
         tracing.start(
             "notifier.publish", r.traceparent, kind=Kind.PRODUCER, new_trace=False,
@@ -70,7 +106,10 @@ async def _publish(
     error: BaseException | None = None
     try:
         results = await publisher.publish_batch(
-            [_outgoing(r, s.traceparent) for r, s in zip(batch, spans, strict=True)]
+            [
+                _outgoing(r, s.traceparent, fifo_partitions)
+                for r, s in zip(batch, spans, strict=True)
+            ]
         )
         for span, confirm in zip(spans, results, strict=True):
             span.set("notifier.confirm", confirm.value)
@@ -85,14 +124,14 @@ async def _publish(
 
 async def relay_once(
     store: OutboxStore, publisher: Publisher, batch_size: int, metrics: Metrics | None = None,
-    tracing: Tracing = NO_TRACING,
+    tracing: Tracing = NO_TRACING, fifo_partitions: int = DEFAULT_FIFO_PARTITIONS,
 ) -> int:  # fmt: skip
     """Trio-flavoured. Relay one batch; return how many rows were claimed."""
     async with store.claim_outbox(batch_size) as claim:
         if not claim.rows:
             return 0
         batch = claim.rows
-        results = await _publish(publisher, batch, tracing)
+        results = await _publish(publisher, batch, tracing, fifo_partitions)
         confirmed_at = datetime.now(UTC)
         confirmed = [r for r, c in zip(batch, results, strict=True) if c is Confirm.CONFIRMED]
         sent = [r.id for r in confirmed]
@@ -131,6 +170,7 @@ async def relay_loop(
     poll_interval_seconds: float,
     metrics: Metrics | None = None,
     tracing: Tracing = NO_TRACING,
+    fifo_partitions: int = DEFAULT_FIFO_PARTITIONS,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trio-flavoured. Relay until ``stop``; the batch in hand is always finished first.
@@ -146,7 +186,15 @@ async def relay_loop(
         task_status.started()
         try:
             await _relay_until_stopped(
-                store, publisher, stop, hint, batch_size, poll_interval_seconds, metrics, tracing
+                store,
+                publisher,
+                stop,
+                hint,
+                batch_size,
+                poll_interval_seconds,
+                metrics,
+                tracing,
+                fifo_partitions,
             )
         except Exception as exc:  # raised below, as itself rather than in an ExceptionGroup
             failure = exc
@@ -164,13 +212,15 @@ async def _relay_until_stopped(
     poll_interval_seconds: float,
     metrics: Metrics | None,
     tracing: Tracing,
+    fifo_partitions: int,
 ) -> None:
     while not stop.is_set():
         await _wait_publishable(publisher, stop)
         if stop.is_set():
             break
         hint.clear()
-        if await relay_once(store, publisher, batch_size, metrics, tracing) >= batch_size:
+        claimed = await relay_once(store, publisher, batch_size, metrics, tracing, fifo_partitions)
+        if claimed >= batch_size:
             continue  # probably more waiting: no need to wait for the bell
         with stop.intake(), trio.move_on_after(poll_interval_seconds):
             await hint.wait()

@@ -128,4 +128,6 @@ class AdminQueries(Queries):
             circuits=tuple(zip(row["circuit_types"], row["circuit_destinations"],
                                row["circuit_states"], strict=True)),
             auto_disabled=tuple(zip(row["disabled_types"], row["disabled_counts"], strict=True)),
+            fifo_lines=tuple(zip(row["fifo_types"], map(str, row["fifo_channels"]),
+                                 row["fifo_backlogs"], row["fifo_ages"], strict=True)),
         )  # fmt: skip

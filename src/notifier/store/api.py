@@ -19,6 +19,7 @@ from notifier.store.rows import (
     DestinationCircuit,
     Event,
     EventType,
+    FifoLine,
     IngestResult,
     MetricsSnapshot,
     NewEvent,
@@ -44,6 +45,10 @@ class ApiStore(Protocol):
         self, keys: Sequence[tuple[str, str]]
     ) -> dict[tuple[str, str], DestinationCircuit]: ...
 
+    async def fifo_lines(
+        self, tenant_id: uuid.UUID, channel_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, FifoLine]: ...
+
     async def create_channel(
         self,
         tenant_id: uuid.UUID,
@@ -58,6 +63,7 @@ class ApiStore(Protocol):
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
         customer: str | None = None,
+        ordering: str = "none",
     ) -> Channel: ...
 
     async def get_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> Channel | None: ...

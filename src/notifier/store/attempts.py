@@ -9,7 +9,7 @@ from datetime import datetime
 
 from notifier.store.base import Q, Row, crossing, transaction
 from notifier.store.pool import Queries
-from notifier.store.rows import AttemptRecord, DeliveryState
+from notifier.store.rows import AttemptRecord, DeliveryState, FifoHead
 
 
 class AttemptQueries(Queries):
@@ -62,6 +62,18 @@ class AttemptQueries(Queries):
             rows = [*(r for r in rows if r["found"]), *again]
         moved = {r["delivery_id"]: r["moved"] for r in rows}
         return [bool(moved.get(r.delivery_id)) for r in recs]
+
+    @crossing
+    async def fifo_head(self, channel_id: uuid.UUID) -> FifoHead | None:
+        """The head of a FIFO channel's line, or None when none of its deliveries is
+        unfinished (README "Ordered delivery (FIFO)")."""
+        row = await self._pool.fetchrow(Q["fifo_head"], channel_id)
+        if row is None:
+            return None
+        return FifoHead(
+            delivery_id=row["id"], fifo_seq=row["fifo_seq"], wait_seconds=row["wait_seconds"],
+            body=bytes(row["body"]), traceparent=row["traceparent"],
+        )  # fmt: skip
 
     async def _record(
         self, recs: Sequence[AttemptRecord], span: Span, disable_after: float

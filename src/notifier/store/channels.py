@@ -13,7 +13,7 @@ from notifier import filters
 from notifier.store.base import Q, Row, crossing, transaction
 from notifier.store.errors import ConfigChanged
 from notifier.store.pool import Queries
-from notifier.store.rows import Channel, ChannelChanges
+from notifier.store.rows import Channel, ChannelChanges, FifoLine
 
 
 def _channel(row: Row) -> Channel:
@@ -35,6 +35,7 @@ def _channel(row: Row) -> Channel:
         rate_limit_per_second=row["rate_limit_per_second"],
         filter=row["filter"],
         customer=row["customer"],
+        ordering=row["ordering"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
@@ -63,12 +64,13 @@ class ChannelQueries(Queries):
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
         customer: str | None = None,
+        ordering: str = "none",
     ) -> Channel:
         """A new channel; ``filter`` is one ``notifier.filters.parse`` accepted."""
         row = await self._pool.fetchrow(
             Q["channel_insert"], uuid.uuid4(), tenant_id, type, name, config, recipient,
             event_types, enabled, max_attempts, rate_limit_per_second, filter,
-            _jsonpath(filter), customer,
+            _jsonpath(filter), customer, ordering,
         )  # fmt: skip
         assert row is not None
         return _channel(row)
@@ -122,13 +124,27 @@ class ChannelQueries(Queries):
                 value("config"), value("recipient"), value("event_types"), value("enabled"),
                 value("max_attempts"), config_read if "config" in named else None,
                 value("rate_limit_per_second"), value("filter"), _jsonpath(value("filter")),
-                value("customer"),
+                value("customer"), value("ordering"),
             )  # fmt: skip
             if row is not None:
                 return _channel(row)
             if "config" in named and await conn.fetchrow(Q["channel_get"], tenant_id, channel_id):
                 raise ConfigChanged("the channel's config changed while the new one was made")
             return None
+
+    @crossing
+    async def fifo_lines(
+        self, tenant_id: uuid.UUID, channel_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, FifoLine]:
+        """The lines of the tenant's FIFO channels among ``channel_ids`` that have unfinished
+        deliveries (the others are caught up)."""
+        rows = await self._pool.fetch(Q["fifo_lines"], tenant_id, channel_ids)
+        return {
+            r["channel_id"]: FifoLine(
+                backlog=r["backlog"], lag_seconds=r["lag_seconds"], retrying=r["retrying"]
+            )
+            for r in rows
+        }
 
     @transaction
     async def delete_channel(self, tenant_id: uuid.UUID, channel_id: uuid.UUID) -> bool:

@@ -27,7 +27,9 @@ UPDATE tenants SET enabled = $2 WHERE name = $1 RETURNING id;
 -- the series stay few. And the history's days: how many ended more than $1 days ago (the
 -- retention; 0: off) and are still there, and how far ahead of now the partitions reach.
 -- And the channels notifier disabled (a reason other than a PATCH's), by type: a scan of
--- channels, a small table next to the deliveries.
+-- channels, a small table next to the deliveries. And the FIFO channels furthest behind (README
+-- "Ordered delivery (FIFO)"): per channel, its unfinished deliveries and the age of the oldest
+-- (since its event was accepted), the 50 oldest lines only, from deliveries_fifo_idx.
 SELECT
     (SELECT count(*) FROM outbox) AS outbox_depth,
     h.days_overdue,
@@ -39,7 +41,11 @@ SELECT
     c.circuit_destinations,
     c.circuit_states,
     x.disabled_types,
-    x.disabled_counts
+    x.disabled_counts,
+    f.fifo_types,
+    f.fifo_channels,
+    f.fifo_backlogs,
+    f.fifo_ages
 FROM (
     SELECT count(*) FILTER (WHERE status = 'PENDING') AS pending,
            count(*) FILTER (WHERE status = 'RETRYING') AS retrying,
@@ -69,4 +75,18 @@ FROM (
         WHERE NOT enabled AND disabled_reason <> 'disabled through the API'
         GROUP BY type
     ) AS auto_disabled
-) AS x;
+) AS x, (
+    SELECT coalesce(array_agg(channel_type ORDER BY age DESC), '{}') AS fifo_types,
+           coalesce(array_agg(channel_id ORDER BY age DESC), '{}') AS fifo_channels,
+           coalesce(array_agg(backlog ORDER BY age DESC), '{}') AS fifo_backlogs,
+           coalesce(array_agg(age ORDER BY age DESC), '{}') AS fifo_ages
+    FROM (
+        SELECT channel_type, channel_id, count(*) AS backlog,
+               extract(epoch FROM now() - min(created_at))::float8 AS age
+        FROM deliveries
+        WHERE fifo_seq IS NOT NULL AND status IN ('PENDING', 'RETRYING')
+        GROUP BY channel_type, channel_id
+        ORDER BY age DESC
+        LIMIT 50
+    ) AS lines
+) AS f;

@@ -136,3 +136,20 @@ ins AS (
 SELECT r.delivery_id, EXISTS (SELECT 1 FROM upd WHERE upd.id = r.delivery_id) AS moved,
        EXISTS (SELECT 1 FROM ins WHERE ins.delivery_id = r.delivery_id) AS found
 FROM input r;
+
+-- name: fifo_head
+-- The head of a FIFO channel's line (README "Ordered delivery (FIFO)"): its unfinished delivery
+-- with the lowest number, as the worker message of its next attempt (with the channel's current
+-- config; an empty one for a deleted channel, which the worker ends DEAD without trying), and
+-- the seconds until it is due on Postgres's clock (0: due). One probe of deliveries_fifo_idx per
+-- day's partition.
+SELECT d.id, d.created_at, d.fifo_seq,
+       greatest(0, extract(epoch FROM d.next_attempt_at - now()))::float8 AS wait_seconds,
+       notifier_worker_message(d, e, coalesce(c.config, '{}'::jsonb), d.attempt + 1) AS body,
+       e.traceparent
+FROM deliveries d
+JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
+LEFT JOIN channels c ON c.id = d.channel_id
+WHERE d.channel_id = $1 AND d.fifo_seq IS NOT NULL AND d.status IN ('PENDING', 'RETRYING')
+ORDER BY d.fifo_seq
+LIMIT 1;

@@ -50,7 +50,8 @@ FOR UPDATE OF d;
 -- before (a replay's row written before the numbers kept increasing carries a note in `error`,
 -- and is not one). The message takes the channel's current config.
 WITH picked AS (
-    SELECT d.id, d.attempt, d.max_attempts, c.config
+    SELECT d.id, d.attempt, d.max_attempts, c.config, d.channel_id, d.created_at,
+           c.ordering = 'fifo' AS fifo
     FROM deliveries d
     JOIN channels c ON c.id = d.channel_id AND c.enabled
     JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
@@ -75,13 +76,28 @@ numbered AS (
         FROM delivery_attempts a WHERE a.delivery_id = p.id
     ) h
 ),
+-- A replay is accepted again: a delivery of a channel that is FIFO now takes a new number at the
+-- end of its channel's line (README "Ordered delivery (FIFO)"), one of any other none.
+fifo_taken AS (
+    INSERT INTO fifo_counters AS f (channel_id, last_seq)
+    SELECT channel_id, count(*) FROM picked WHERE fifo GROUP BY channel_id ORDER BY channel_id
+    ON CONFLICT (channel_id) DO UPDATE SET last_seq = f.last_seq + excluded.last_seq
+    RETURNING f.channel_id, f.last_seq
+),
+sequenced AS (
+    SELECT p.id, p.fifo, CASE WHEN p.fifo THEN
+        ft.last_seq - count(*) OVER w + row_number() OVER (w ORDER BY p.created_at, p.id)
+    END AS fifo_seq
+    FROM picked p LEFT JOIN fifo_taken ft ON ft.channel_id = p.channel_id
+    WINDOW w AS (PARTITION BY p.channel_id)
+),
 upd AS (
     UPDATE deliveries d SET
         status = 'PENDING', attempt = n.entry, max_attempts = n.max_attempts, last_error = NULL,
-        next_attempt_at = NULL, delivered_at = NULL, updated_at = now()
-    FROM numbered n
+        next_attempt_at = NULL, delivered_at = NULL, updated_at = now(), fifo_seq = sq.fifo_seq
+    FROM numbered n JOIN sequenced sq ON sq.id = n.id
     WHERE d.id = n.id
-    RETURNING d.id, d.created_at, d.channel_type, d.event_id, d AS delivery
+    RETURNING d.id, d.created_at, d.channel_type, d.event_id, d.fifo_seq, d AS delivery
 ),
 logged AS (
     INSERT INTO delivery_attempts
@@ -91,7 +107,8 @@ logged AS (
 ),
 queued AS (
     INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
-    SELECT u.id, u.channel_type, notifier_worker_message(u.delivery, e, n.config, n.entry + 1),
+    SELECT u.id, u.channel_type || CASE WHEN u.fifo_seq IS NULL THEN '' ELSE '.fifo' END,
+           notifier_worker_message(u.delivery, e, n.config, n.entry + 1),
            e.traceparent
     FROM upd u JOIN numbered n ON n.id = u.id
     JOIN events e ON e.id = u.event_id AND e.created_at = u.created_at

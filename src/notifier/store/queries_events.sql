@@ -35,7 +35,8 @@ ev AS (
 targets AS (
     SELECT gen_random_uuid() AS delivery_id, ev.id AS event_id, ev.created_at, c.id AS channel_id,
            c.type AS channel_type, c.config,
-           coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts
+           coalesce(c.max_attempts, ($3::jsonb ->> c.type)::integer, 5) AS max_attempts,
+           c.ordering = 'fifo' AS fifo, i.ord
     FROM ev
     JOIN input i ON i.id = ev.id
     -- A disabled tenant's event reaches no channel, even one admitted just before it was
@@ -51,16 +52,33 @@ targets AS (
         -- predicate that is true or false for any payload, never an error).
         AND (c.filter_path IS NULL OR ev.payload @@ c.filter_path)
 ),
+-- FIFO channels (README "Ordered delivery (FIFO)"): each takes as many numbers from its counter
+-- row as it has deliveries here, locking the row until this transaction ends, so one channel's
+-- numbers commit in order. Rows are taken in channel order (no deadlock between batches); an
+-- ordinary channel takes nothing and pays nothing.
+fifo_taken AS (
+    INSERT INTO fifo_counters AS f (channel_id, last_seq)
+    SELECT channel_id, count(*) FROM targets WHERE fifo GROUP BY channel_id ORDER BY channel_id
+    ON CONFLICT (channel_id) DO UPDATE SET last_seq = f.last_seq + excluded.last_seq
+    RETURNING f.channel_id, f.last_seq
+),
+numbered AS (
+    SELECT t.*, CASE WHEN t.fifo THEN
+        ft.last_seq - count(*) OVER w + row_number() OVER (w ORDER BY t.ord, t.delivery_id)
+    END AS fifo_seq
+    FROM targets t LEFT JOIN fifo_taken ft ON ft.channel_id = t.channel_id
+    WINDOW w AS (PARTITION BY t.channel_id)
+),
 dl AS (
     INSERT INTO deliveries AS d
-        (id, event_id, channel_id, tenant_id, channel_type, max_attempts, created_at)
-    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts, created_at
-    FROM targets
+        (id, event_id, channel_id, tenant_id, channel_type, max_attempts, created_at, fifo_seq)
+    SELECT delivery_id, event_id, channel_id, $1, channel_type, max_attempts, created_at, fifo_seq
+    FROM numbered
     RETURNING d.id, d.event_id, d AS delivery
 ),
 ob AS (
     INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
-    SELECT t.delivery_id, t.channel_type,
+    SELECT t.delivery_id, t.channel_type || CASE WHEN t.fifo THEN '.fifo' ELSE '' END,
            notifier_worker_message(dl.delivery, ev.event, t.config, 1), ev.traceparent
     FROM targets t JOIN dl ON dl.id = t.delivery_id JOIN ev ON ev.id = t.event_id
 )

@@ -24,11 +24,12 @@ upd AS (
     FROM stuck s
     WHERE d.id = s.id
     RETURNING d.id, d.channel_type, d.event_id, d.channel_id, d.attempt, d.created_at,
-              d AS delivery
+              d.fifo_seq, d AS delivery
 ),
 queued AS (
     INSERT INTO outbox (delivery_id, routing_key, body, traceparent)
-    SELECT u.id, u.channel_type,
+    -- a FIFO delivery's message wakes its channel's line up (README "Ordered delivery (FIFO)")
+    SELECT u.id, u.channel_type || CASE WHEN u.fifo_seq IS NULL THEN '' ELSE '.fifo' END,
            notifier_worker_message(u.delivery, e, coalesce(c.config, '{}'::jsonb), u.attempt + 1),
            e.traceparent
     FROM upd u

@@ -34,6 +34,7 @@ class Channel(msgspec.Struct, frozen=True, kw_only=True):
     filter: dict[str, Any] | None = None
     # The tenant's own customer the channel belongs to (a portal link's scope); None: none.
     customer: str | None = None
+    ordering: str = "none"  # "fifo": README "Ordered delivery (FIFO)"
 
 
 class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +50,7 @@ class ChannelChanges(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit_per_second: float | msgspec.UnsetType | None = msgspec.UNSET
     filter: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET  # None: no filter
     customer: str | msgspec.UnsetType | None = msgspec.UNSET  # None: no customer label
+    ordering: str | msgspec.UnsetType = msgspec.UNSET
 
     def named(self) -> list[str]:
         return [f for f in self.__struct_fields__ if getattr(self, f) is not msgspec.UNSET]
@@ -132,6 +134,25 @@ class DeliveryState(msgspec.Struct, frozen=True):
     replayed_at: int = 0
 
 
+class FifoHead(msgspec.Struct, frozen=True, kw_only=True):
+    """The head of a FIFO channel's line: its unfinished delivery with the lowest number."""
+
+    delivery_id: uuid.UUID
+    fifo_seq: int
+    wait_seconds: float  # until it is due (0: due now), on Postgres's clock
+    body: bytes  # the worker message of its next attempt
+    traceparent: str | None = None
+
+
+class FifoLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A FIFO channel's line as the console shows it: its unfinished deliveries, the seconds
+    since the oldest one's event was accepted, and whether one of them is retrying."""
+
+    backlog: int
+    lag_seconds: float
+    retrying: bool
+
+
 class AttemptRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker writes when it settles one attempt: the new status plus the attempt row.
     ``status`` None (a rate-limited attempt) leaves the delivery's status and attempt alone."""
@@ -179,6 +200,9 @@ class MetricsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     circuits: tuple[tuple[str, str, str], ...] = ()
     # (channel type, how many) of the channels notifier disabled (not a PATCH), where any
     auto_disabled: tuple[tuple[str, int], ...] = ()
+    # (channel type, channel id, unfinished deliveries, age of the oldest in seconds) of the
+    # FIFO channels furthest behind (README "Ordered delivery (FIFO)")
+    fifo_lines: tuple[tuple[str, str, int, float], ...] = ()
 
 
 class ReplayPage(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,7 @@ from notifier.store.rows import (
     DeliverySummary,
     DestinationCircuit,
     Event,
+    FifoLine,
     IngestResult,
     MetricsSnapshot,
     NewEvent,
@@ -78,6 +79,30 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         await self._call()
         return {k: self.circuits[k] for k in keys if k in self.circuits}
 
+    async def fifo_lines(
+        self, tenant_id: uuid.UUID, channel_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, FifoLine]:
+        """The unfinished deliveries of the tenant's FIFO channels among ``channel_ids``."""
+        await self._call()
+        now = self._now()
+        found: dict[uuid.UUID, FifoLine] = {}
+        for c in channel_ids:
+            channel = self._channel(tenant_id, c)
+            if channel is None or channel.ordering != "fifo":
+                continue
+            open_ = [
+                s.delivery for s in self.deliveries.values()
+                if s.tenant_id == tenant_id and s.delivery.channel_id == c
+                and s.delivery.status in ("PENDING", "RETRYING")
+            ]  # fmt: skip
+            if open_:
+                found[c] = FifoLine(
+                    backlog=len(open_),
+                    lag_seconds=(now - min(d.created_at for d in open_)).total_seconds(),
+                    retrying=any(d.status == "RETRYING" for d in open_),
+                )
+        return found
+
     async def metrics_snapshot(self, retention_days: int = 0) -> MetricsSnapshot:
         await self._call()
         statuses = Counter(s.delivery.status for s in self.deliveries.values())
@@ -110,6 +135,7 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
         rate_limit_per_second: float | None = None,
         filter: dict[str, Any] | None = None,
         customer: str | None = None,
+        ordering: str = "none",
     ) -> Channel:
         await self._call()
         now = self._now()
@@ -117,7 +143,8 @@ class MemoryApiStore(MemoryApiCatalog, MemoryApiDeliveries, ApiStore):
             id=uuid.uuid4(), tenant_id=tenant_id, type=type, name=name, config=dict(config),
             recipient=recipient, event_types=list(event_types), enabled=enabled,
             max_attempts=max_attempts, rate_limit_per_second=rate_limit_per_second,
-            filter=filter, customer=customer, created_at=now, updated_at=now,
+            filter=filter, customer=customer, ordering=ordering, created_at=now,
+            updated_at=now,
         )  # fmt: skip
         self.channels[channel.id] = channel
         return channel

@@ -4,6 +4,8 @@ retry publisher on an AMQP connection of its own (docs/architecture.md §5, §4)
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Protocol
 
 import trio
@@ -11,10 +13,11 @@ import trio
 from notifier.adapters.base import Adapter
 from notifier.alerts import Alerts
 from notifier.batching import Batcher
-from notifier.broker.amqp import open_connection
+from notifier.broker.amqp import AmqpConnection, open_connection
+from notifier.broker.amqp_consumer import Consumer
 from notifier.broker.base import Confirm, Incoming, Outgoing
 from notifier.broker.repair import RepairingPublish
-from notifier.broker.topology import build_topology, main_queue
+from notifier.broker.topology import build_topology, fifo_queue, main_queue
 from notifier.config import Config, WorkerGroupConfig
 from notifier.errors import BrokerError
 from notifier.lifecycle import Stop, watch_closing
@@ -25,6 +28,7 @@ from notifier.tracing import NO_TRACING, Tracing
 from notifier.worker.circuit import Breaker, SharedCircuits, breaker_for
 from notifier.worker.deliveries import BatchedDeliveries, BatchStore
 from notifier.worker.fair import FairDispatch, FairShare, Pending
+from notifier.worker.fifo import FifoLines, FifoRetries, FifoStore
 from notifier.worker.handle import Handler
 from notifier.worker.observe import (
     LogObserver,
@@ -37,9 +41,9 @@ from notifier.worker.observe import (
 log = logging.getLogger("notifier.worker")
 
 
-class WorkerStore(BatchStore, SharedBuckets, SharedCircuits, Protocol):
+class WorkerStore(BatchStore, SharedBuckets, SharedCircuits, FifoStore, Protocol):
     """What a worker group needs of the store: delivery states and attempts, batched, the
-    shared rate-limit buckets and the destinations' circuits."""
+    shared rate-limit buckets, the destinations' circuits and the FIFO channels' heads."""
 
 
 async def worker_task(
@@ -99,6 +103,21 @@ def outcome_observers(
     return Observers(*observers)
 
 
+@asynccontextmanager
+async def open_fifo_consumers(
+    conn: AmqpConnection, channel_type: str, partitions: int, prefetch: int
+) -> AsyncIterator[list[Consumer]]:
+    """Trio-flavoured. A consumer of every FIFO partition of the type: the broker makes one
+    consumer of the fleet active per partition (``worker.fifo``)."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                conn.open_consumer(fifo_queue(channel_type, k), prefetch)
+            )
+            for k in range(partitions)
+        ]
+
+
 async def run_worker_group(
     channel_type: str,
     config: Config,
@@ -121,7 +140,10 @@ async def run_worker_group(
     goes to ``metrics``, ``reporter`` and ``alerts`` through ``outcome_observers``.
     """
     broker = config.broker
-    topology = build_topology([channel_type], config.retry.tiers_seconds, broker.queue_type)
+    partitions = broker.fifo_partitions
+    topology = build_topology(
+        [channel_type], config.retry.tiers_seconds, broker.queue_type, partitions
+    )
     deliveries = BatchedDeliveries(
         store, disable_after_failing_seconds=config.channel_health.disable_after_failing_seconds
     )
@@ -138,6 +160,7 @@ async def run_worker_group(
         async with (
             publishing.open_publisher(broker.publish_timeout_seconds) as publisher,
             conn.open_consumer(main_queue(channel_type), workers.prefetch) as consumer,
+            open_fifo_consumers(conn, channel_type, partitions, workers.prefetch) as fifo_consumers,
             trio.open_nursery() as nursery,
         ):
             retries = Batcher[Outgoing, Confirm](
@@ -155,7 +178,22 @@ async def run_worker_group(
                 ),
                 limits=store, circuits=circuits, tracing=tracing,
             )  # fmt: skip
+            fifo_handler = Handler(
+                deliveries, adapter,
+                FifoRetries(publish, channel_type, config.retry.tiers_seconds, partitions),
+                timeout_seconds=workers.timeout_seconds, policy=config.retry,
+                observer=outcome_observers(
+                    channel_type, reporter=reporter, metrics=metrics, alerts=alerts
+                ),
+                limits=store, circuits=circuits, tracing=tracing,
+            )  # fmt: skip
             in_flight = metrics.worker_in_flight.labels(channel_type) if metrics else None
+            lines = FifoLines(
+                store, fifo_handler,
+                FifoRetries(publish, channel_type, config.retry.tiers_seconds, partitions),
+                stop, concurrency=workers.concurrency,
+                tracking=in_flight.track_inprogress if in_flight is not None else None,
+            )  # fmt: skip
             dispatch = FairDispatch(
                 handler, adapter, fair_share(workers), stop,
                 tracking=in_flight.track_inprogress if in_flight is not None else None,
@@ -166,11 +204,16 @@ async def run_worker_group(
                 "consuming channel": consumer.wait_closed,
                 "retry connection": publishing.wait_closed,
                 "retry channel": publisher.wait_closed,
+            } | {
+                f"FIFO partition {k} channel": c.wait_closed for k, c in enumerate(fifo_consumers)
             })  # fmt: skip
             nursery.start_soon(deliveries.run)
             nursery.start_soon(retries.run)
             if circuits is not None:
                 nursery.start_soon(circuits.run)
+            await nursery.start(lines.run)
+            for fifo_consumer in fifo_consumers:
+                nursery.start_soon(lines.consume, fifo_consumer.receive)
             task_status.started()
             log.info(
                 "worker group %s: consuming with %d tasks, at most %d per destination",
@@ -179,6 +222,7 @@ async def run_worker_group(
             async with trio.open_nursery() as pool:
                 for _ in range(workers.concurrency):
                     pool.start_soon(worker_task, consumer.receive, dispatch, stop)
+            await lines.wait_stopped()  # each FIFO line finishes the attempt it is making
             # stopped: end the watchers and batchers before the channels close
             nursery.cancel_scope.cancel()
         if lost:

@@ -88,6 +88,7 @@ def channel_view(
         rate_limit_per_second=channel.rate_limit_per_second,
         filter=channel.filter,
         customer=channel.customer,
+        ordering=channel.ordering,
         created_at=channel.created_at,
         updated_at=channel.updated_at,
     )
@@ -172,7 +173,7 @@ async def create_channel() -> Response:
         tenant_id, type=data.type, name=data.name, config=config,
         recipient=data.recipient, event_types=data.event_types, enabled=data.enabled,
         max_attempts=data.max_attempts, rate_limit_per_second=data.rate_limit_per_second,
-        filter=flt, customer=data.customer,
+        filter=flt, customer=data.customer, ordering=data.ordering,
     )  # fmt: skip
     [circuit] = (await circuits_for([channel])).values()
     return json_response(channel_view(channel, validator, circuit, reveal=True), 201)
