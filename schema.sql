@@ -120,6 +120,8 @@ ALTER TABLE channels ADD COLUMN IF NOT EXISTS filter_path jsonpath NULL;
 ALTER TABLE channels DROP CONSTRAINT IF EXISTS channels_filter_check;
 ALTER TABLE channels ADD CONSTRAINT channels_filter_check
     CHECK ((filter IS NULL) = (filter_path IS NULL));
+-- 0013: a channel's `customer` label (the customer portal, below).
+ALTER TABLE channels ADD COLUMN IF NOT EXISTS customer text NULL;
 -- 0014: FIFO (ordered) channels (README "Ordered delivery (FIFO)", docs/architecture.md §5).
 -- `channels.ordering` is 'none' or 'fifo'. A FIFO channel's deliveries get `fifo_seq`, their
 -- acceptance order, from the channel's counter row in `fifo_counters`, taken in the fan-out
@@ -563,7 +565,7 @@ CREATE INDEX IF NOT EXISTS console_signin_failures_last_idx
 -- and is kept by the SHA-256 of its token only (the token is in the link's URL, never stored).
 -- It opens sessions until it expires or is revoked; a session is read only while its link is
 -- neither (so revoking a link ends its sessions at once), and revoking deletes them too.
-ALTER TABLE channels ADD COLUMN IF NOT EXISTS customer text NULL;
+-- (channels.customer is added above, before 0014's ordering, in the order the migrations add them)
 CREATE INDEX IF NOT EXISTS channels_customer_idx ON channels (tenant_id, customer)
     WHERE customer IS NOT NULL;
 
