@@ -269,7 +269,9 @@ async def save_endpoint(channel_id: uuid.UUID) -> Response:
     form = await request.form
     catalog = await _catalog(within.tenant_id)
     name, url = _name(form), _url_field(form)
+    # Checked as posted (400) before the channel is read; a read-only form posts none.
     posted = posted_event_types(form, catalog)
+    chosen = read_event_types(form, catalog) if posted is not None else None
     enabled = form.get("enabled") == "on"
     store = api_context().store
     for _ in range(PATCH_CONFIG_TRIES):
@@ -278,8 +280,8 @@ async def save_endpoint(channel_id: uuid.UUID) -> Response:
             raise ConsoleError(409, f"A {channel.type} channel is not edited here.")
         changes: dict[str, Any] = {"name": name, "enabled": enabled}
         if audience(within, channel) is not None:
-            changes["event_types"] = read_event_types(form, catalog)
-        elif posted is not None and posted != set(channel.event_types):
+            changes["event_types"] = chosen or read_event_types(form, catalog)
+        elif chosen is not None and set(chosen) != set(channel.event_types):
             raise ConsoleError(409, "This endpoint's event types are set by the service that "
                                "sent you here: ask them to change them.")  # fmt: skip
         config_read = None
