@@ -29,7 +29,9 @@ from tests.integration.conftest import (
 from tests.integration.test_console import post_form as console_post
 from tests.integration.test_console import signed_in
 
-PUBLIC_URL = "https://hooks.example.com/notify"
+# Plain http, so a client reaching the test's server over http keeps the portal's cookie (an
+# https public_url makes it Secure: test_the_cookie_is_secure_when_the_public_url_is_https).
+PUBLIC_URL = "http://hooks.example.com/notify"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 SINK = "http://127.0.0.1:9/hook"
 
@@ -643,3 +645,25 @@ async def test_a_link_keeps_its_newest_20_sessions(database_url: str) -> None:
         assert await store.portal_session("s0") is None
         assert await store.portal_session("s21") is not None
         assert await store.portal_session("other") is not None  # another link's: kept
+
+
+async def test_the_cookie_is_secure_when_the_public_url_is_https(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    for public_url, forwarded, secure in (
+        ("https://hooks.example.com", None, True),  # whatever the proxy in front says
+        ("http://hooks.example.com", None, False),
+        ("http://hooks.example.com", "https", True),
+    ):
+        config = make_config(database_url, broker_url, console={"public_url": public_url})
+        async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+            link = await make_link(api, customer="acme")
+            token = str(link["url"]).rsplit("/", 1)[1]
+            headers = {"X-Forwarded-Proto": forwarded} if forwarded else {}
+            async with httpx.AsyncClient(base_url=running.base_url, timeout=10) as browser:
+                resp = await browser.get(f"/portal/enter/{token}", headers=headers)
+            assert resp.status_code == 303
+            cookie = resp.headers["set-cookie"]
+            assert cookie.startswith("notifier_portal=")
+            assert ("; Secure" in cookie) is secure, (public_url, forwarded, cookie)
