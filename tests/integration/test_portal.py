@@ -29,7 +29,9 @@ from tests.integration.conftest import (
 from tests.integration.test_console import post_form as console_post
 from tests.integration.test_console import signed_in
 
-PUBLIC_URL = "https://hooks.example.com/notify"
+# Plain http, so a client reaching the test's server over http keeps the portal's cookie (an
+# https public_url makes it Secure: test_the_cookie_is_secure_when_the_public_url_is_https).
+PUBLIC_URL = "http://hooks.example.com/notify"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 SINK = "http://127.0.0.1:9/hook"
 
@@ -473,3 +475,195 @@ async def test_leaving_ends_the_session_and_a_new_entry_replaces_the_old_one(
             assert "notifier_portal=; " in left.headers["set-cookie"]
             assert await scalar(database_url, "SELECT count(*) FROM portal_sessions") == 0
             assert (await browser.get("/portal/")).status_code == 403
+
+
+async def deliveries_to(api: httpx.AsyncClient, **event: Any) -> set[str]:
+    """The channels an event (type ``order.paid``) reached."""
+    resp = await api.post("/v1/events", json={"type": "order.paid", "payload": {}, **event})
+    assert resp.status_code == 202, resp.text
+    return {str(d["channel_id"]) for d in resp.json()["deliveries"]}
+
+
+async def test_a_portal_endpoint_receives_only_the_events_addressed_to_its_customer(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        internal = await make_channel(api, "internal", None)  # the tenant's, no recipient
+        link = await make_link(api, customer="acme")
+        async with portal(running, link) as browser:
+            made = await post_form(browser, "/portal/endpoints", {
+                "name": "catch-all", "url": SINK, "event_types": "*",
+            })  # fmt: skip
+            assert made.status_code == 200, made.text
+        mine = str(await scalar(database_url, "SELECT id FROM channels WHERE name = 'catch-all'"))
+        (row,) = await sql(database_url, "SELECT recipient, customer, event_types FROM channels"
+                           " WHERE id = $1", uuid.UUID(mine))  # fmt: skip
+        assert tuple(row) == ("acme", "acme", ["*"])
+        # Events for the tenant itself, or for another customer, never reach it.
+        assert await deliveries_to(api) == {internal}
+        assert await deliveries_to(api, recipient="globex") == set()
+        # The tenant addresses acme's events with recipient "acme".
+        assert await deliveries_to(api, recipient="acme") == {mine}
+
+
+async def test_the_portal_changes_event_types_only_of_endpoints_addressed_to_the_customer(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        # The tenant's channel for acme without a recipient: it gets the tenant's own events of
+        # its types, so widening them would leak the tenant's (and every customer's) events.
+        shared = await api.post("/v1/channels", json={
+            **hook("acme-orders", "acme"), "event_types": ["order.paid"],
+        })  # fmt: skip
+        assert shared.status_code == 201, shared.text
+        shared_id = shared.json()["id"]
+        addressed = await api.post("/v1/channels", json={
+            **hook("acme-addressed", "acme"), "event_types": ["order.paid"], "recipient": "acme",
+        })  # fmt: skip
+        addressed_id = addressed.json()["id"]
+        link = await make_link(api, customer="acme")
+        fixed = await make_link(api, channel_ids=[shared_id, addressed_id])
+        for opened in (link, fixed):
+            async with portal(running, opened) as browser:
+                form = await browser.get(f"/portal/endpoints/{shared_id}")
+                assert 'id="event-types-fixed"' in form.text
+                assert 'name="event_types"' not in form.text
+                refused = await post_form(browser, f"/portal/endpoints/{shared_id}", {
+                    "name": "acme-orders", "url": SINK, "event_types": "*", "enabled": "on",
+                })  # fmt: skip
+                assert refused.status_code == 409
+                assert "event types are set by the service" in refused.text
+                assert (await api.get(f"/v1/channels/{shared_id}")).json()["event_types"] == [
+                    "order.paid"
+                ]
+                # The read-only form (no event types) still saves the rest.
+                saved = await post_form(browser, f"/portal/endpoints/{shared_id}", {
+                    "name": "renamed", "url": SINK, "enabled": "on",
+                })  # fmt: skip
+                assert saved.status_code == 303
+                view = (await api.get(f"/v1/channels/{shared_id}")).json()
+                assert (view["name"], view["event_types"]) == ("renamed", ["order.paid"])
+                # Addressed to acme: its event types are the customer's to choose.
+                form = await browser.get(f"/portal/endpoints/{addressed_id}")
+                assert 'name="event_types"' in form.text
+                saved = await post_form(browser, f"/portal/endpoints/{addressed_id}", {
+                    "name": "acme-addressed", "url": SINK, "event_types": "*", "enabled": "on",
+                })  # fmt: skip
+                assert saved.status_code == 303
+                got = (await api.get(f"/v1/channels/{addressed_id}")).json()["event_types"]
+                assert got == ["*"]
+                await api.patch(f"/v1/channels/{addressed_id}", json={"event_types": ["x"]})
+        assert await deliveries_to(api) == {shared_id}
+
+
+async def test_the_portal_never_moves_the_tenants_credentials_to_a_new_url(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        body = hook("acme-orders", "acme")
+        body["config"]["headers"] = {"X-Api-Key": "tenant-credential"}
+        made = await api.post("/v1/channels", json=body)
+        assert made.status_code == 201, made.text
+        channel_id = made.json()["id"]
+        link = await make_link(api, customer="acme")
+        async with portal(running, link) as browser:
+            form = await browser.get(f"/portal/endpoints/{channel_id}")
+            assert "readonly" in form.text
+            assert "tenant-credential" not in form.text
+            before = await sql(database_url, "SELECT config FROM channels")
+            refused = await post_form(browser, f"/portal/endpoints/{channel_id}", {
+                "name": "acme-orders", "url": "http://127.0.0.1:9/elsewhere", "enabled": "on",
+            })  # fmt: skip
+            assert refused.status_code == 409
+            assert "carries credentials set by the service" in refused.text
+            assert "ask them to change its URL" in refused.text
+            assert await sql(database_url, "SELECT config FROM channels") == before
+            # Its URL unchanged, the rest is saved.
+            saved = await post_form(browser, f"/portal/endpoints/{channel_id}", {
+                "name": "renamed", "url": SINK, "enabled": "on",
+            })  # fmt: skip
+            assert saved.status_code == 303
+            assert await sql(database_url, "SELECT config FROM channels") == before
+            assert await scalar(database_url, "SELECT name FROM channels") == "renamed"
+
+
+async def test_a_test_event_the_endpoints_filter_drops_is_refused_and_stores_nothing(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        made = await api.post("/v1/channels", json={
+            **hook("acme-orders", "acme"),
+            "filter": {"path": ["currency"], "op": "eq", "value": "EUR"},
+        })  # fmt: skip
+        assert made.status_code == 201, made.text
+        link = await make_link(api, customer="acme")
+        async with portal(running, link) as browser:
+            resp = await post_form(browser, f"/portal/endpoints/{made.json()['id']}/test", {})
+            assert resp.status_code == 409
+            assert "payload filter drops the test event" in resp.text
+    assert await scalar(database_url, "SELECT count(*) FROM events") == 0
+    assert await scalar(database_url, "SELECT count(*) FROM deliveries") == 0
+
+
+async def test_a_customer_makes_at_most_50_endpoints_in_the_portal(
+    portal_config: Config, database_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    async with run_notifier(portal_config, ("ingest",)) as running, running.client(key) as api:
+        for i in range(50):
+            await make_channel(api, f"acme-{i}", "acme")
+        link = await make_link(api, customer="acme")
+        async with portal(running, link) as browser:
+            refused = await post_form(browser, "/portal/endpoints", {
+                "name": "one more", "url": SINK, "event_types": "*",
+            })  # fmt: skip
+            assert refused.status_code == 409
+            assert "At most 50 endpoints" in refused.text
+    assert await scalar(database_url, "SELECT count(*) FROM channels") == 50
+
+
+async def test_a_link_keeps_its_newest_20_sessions(database_url: str) -> None:
+    await create_tenant(database_url)
+    tenant = await scalar(database_url, "SELECT id FROM tenants")
+    async with open_store(database_url) as store:
+        link, other = [
+            await store.create_portal_link(
+                tenant, f"hash-{i}", customer="acme", channel_ids=None, expires_in_seconds=600
+            )
+            for i in range(2)
+        ]
+        assert await store.create_portal_session("other", other.id, max_age_seconds=60)
+        for i in range(22):
+            assert await store.create_portal_session(f"s{i}", link.id, max_age_seconds=60)
+        rows = await sql(database_url, "SELECT id_hash FROM portal_sessions WHERE link_id = $1",
+                         link.id)  # fmt: skip
+        assert {r[0] for r in rows} == {f"s{i}" for i in range(2, 22)}
+        assert await store.portal_session("s0") is None
+        assert await store.portal_session("s21") is not None
+        assert await store.portal_session("other") is not None  # another link's: kept
+
+
+async def test_the_cookie_is_secure_when_the_public_url_is_https(
+    database_url: str, broker_url: str
+) -> None:
+    key = await create_tenant(database_url)
+    for public_url, forwarded, secure in (
+        ("https://hooks.example.com", None, True),  # whatever the proxy in front says
+        ("http://hooks.example.com", None, False),
+        ("http://hooks.example.com", "https", True),
+    ):
+        config = make_config(database_url, broker_url, console={"public_url": public_url})
+        async with run_notifier(config, ("ingest",)) as running, running.client(key) as api:
+            link = await make_link(api, customer="acme")
+            token = str(link["url"]).rsplit("/", 1)[1]
+            headers = {"X-Forwarded-Proto": forwarded} if forwarded else {}
+            async with httpx.AsyncClient(base_url=running.base_url, timeout=10) as browser:
+                resp = await browser.get(f"/portal/enter/{token}", headers=headers)
+            assert resp.status_code == 303
+            cookie = resp.headers["set-cookie"]
+            assert cookie.startswith("notifier_portal=")
+            assert ("; Secure" in cookie) is secure, (public_url, forwarded, cookie)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,10 +15,16 @@ from werkzeug.datastructures import MultiDict
 
 from notifier.config import parse_config
 from notifier.console.portal.links import link_url, new_token, token_hash, well_formed
-from notifier.console.portal.pages import read_event_types
+from notifier.console.portal.pages import (
+    audience,
+    posted_event_types,
+    read_event_types,
+    tenant_credentials,
+)
 from notifier.console.web import ConsoleError
 from notifier.errors import ConfigError
 from notifier.store.portal import PortalScope
+from notifier.store.rows import Channel
 
 TENANT = uuid.uuid4()
 
@@ -102,3 +109,41 @@ def test_the_public_url_is_checked_naming_its_key() -> None:
                 "https://user:pw@x"):  # fmt: skip
         with pytest.raises(ConfigError, match=r"console\.public_url"):
             parse_config({"console": {"public_url": bad}}, env={})
+
+
+def endpoint(recipient: str | None, customer: str | None, **config: Any) -> Channel:
+    now = datetime.now(UTC)
+    return Channel(
+        id=uuid.uuid4(), tenant_id=TENANT, type="webhook", name="e", recipient=recipient,
+        config={"url": "https://a.example/", **config}, event_types=["*"], enabled=True,
+        max_attempts=None, created_at=now, updated_at=now, customer=customer,
+    )  # fmt: skip
+
+
+def test_event_types_are_the_portals_only_on_a_channel_addressed_to_the_customer() -> None:
+    acme = PortalScope(tenant_id=TENANT, customer="acme")
+    assert audience(acme, endpoint("acme", "acme")) == "acme"
+    for recipient in (None, "globex"):  # the tenant's own events, or another customer's
+        assert audience(acme, endpoint(recipient, "acme")) is None
+    ids = PortalScope(tenant_id=TENANT, channel_ids=(uuid.uuid4(),))
+    assert audience(ids, endpoint("acme", "acme")) == "acme"  # addressed to its own customer
+    assert audience(ids, endpoint("acme", "globex")) is None
+    assert audience(ids, endpoint(None, None)) is None
+    assert audience(ids, endpoint("acme", None)) is None
+
+
+def test_the_tenants_credentials_in_a_webhook_config_are_named() -> None:
+    assert tenant_credentials(endpoint(None, "acme", secret="whsec_x", headers={})) == []
+    got = tenant_credentials(endpoint(
+        None, "acme", headers={"X-Key": "k"}, oauth2={"client_id": "c"},
+        tls_client_certificate="mtls",
+    ))  # fmt: skip
+    assert got == ["headers", "oauth2", "tls_client_certificate"]
+
+
+def test_a_read_only_form_posts_no_event_types() -> None:
+    assert posted_event_types(form(name="x"), []) is None
+    assert posted_event_types(form(name="x"), ["order.paid"]) is None
+    assert posted_event_types(form(event_types=""), []) == set()
+    assert posted_event_types(form(event_types="a.*, b"), []) == {"a.*", "b"}
+    assert posted_event_types(form(event_type=["order.paid"]), ["order.paid"]) == {"order.paid"}

@@ -23,6 +23,8 @@ from notifier.store.rows import Channel
 # An expired or revoked link is listed (GET /v1/portal-links) this long, then deleted by
 # maintenance with the sessions it opened.
 PORTAL_LINKS_KEPT_DAYS = 30
+# The sessions a link keeps open: opening it once more ends the oldest beyond these.
+MAX_SESSIONS_PER_LINK = 20
 
 
 class PortalScope(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +98,8 @@ class PortalStore(Protocol):
     async def create_portal_session(
         self, id_hash: str, link_id: uuid.UUID, *, max_age_seconds: float
     ) -> datetime | None:
-        """A session of the link, ending with it; its end, or None if the link ended."""
+        """A session of the link, ending with it; its end, or None if the link ended. The link's
+        sessions beyond its newest ``MAX_SESSIONS_PER_LINK`` end."""
         ...
 
     async def portal_session(self, id_hash: str) -> PortalSession | None: ...
@@ -161,8 +164,9 @@ class PortalQueries(Queries):
         self, id_hash: str, link_id: uuid.UUID, *, max_age_seconds: float
     ) -> datetime | None:
         ends: datetime | None = await self._pool.fetchval(
-            Q["portal_session_create"], id_hash, link_id, float(max_age_seconds)
-        )
+            Q["portal_session_create"], id_hash, link_id, float(max_age_seconds),
+            MAX_SESSIONS_PER_LINK,
+        )  # fmt: skip
         return ends
 
     @transaction

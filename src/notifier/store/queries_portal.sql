@@ -41,12 +41,25 @@ FROM portal_links l JOIN tenants t ON t.id = l.tenant_id AND t.enabled
 WHERE l.token_hash = $1;
 
 -- name: portal_session_create
--- A session $1 (an id's hash) of link $2, ending when the link does or after $3 seconds.
-INSERT INTO portal_sessions (id_hash, link_id, expires_at)
-SELECT $1, l.id, least(l.expires_at, now() + $3::double precision * interval '1 second')
-FROM portal_links l
-WHERE l.id = $2 AND l.revoked_at IS NULL AND l.expires_at > now()
-RETURNING expires_at;
+-- A session $1 (an id's hash) of link $2, ending when the link does or after $3 seconds; the
+-- link keeps its newest $4 sessions, this one included: older ones end (the deletion reads the
+-- rows as they were before this insert, so it keeps the newest $4 - 1 of them).
+WITH made AS (
+    INSERT INTO portal_sessions (id_hash, link_id, expires_at)
+    SELECT $1, l.id, least(l.expires_at, now() + $3::double precision * interval '1 second')
+    FROM portal_links l
+    WHERE l.id = $2 AND l.revoked_at IS NULL AND l.expires_at > now()
+    RETURNING expires_at
+),
+ended AS (
+    DELETE FROM portal_sessions
+    WHERE EXISTS (SELECT 1 FROM made) AND id_hash IN (
+        SELECT id_hash FROM portal_sessions WHERE link_id = $2
+        ORDER BY created_at DESC, id_hash DESC
+        OFFSET greatest($4::integer - 1, 0)
+    )
+)
+SELECT expires_at FROM made;
 
 -- name: portal_session_touch
 -- The session $1 with its link's scope, while neither it nor its link has expired, its link is

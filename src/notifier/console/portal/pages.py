@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from quart import Response, redirect, request
 
+from notifier import filters
 from notifier.adapters.webhook import generate_secret
 from notifier.console.portal.links import token_hash, well_formed
 from notifier.console.portal.web import (
@@ -48,11 +49,20 @@ from notifier.store.rows import DELIVERY_STATUSES, TERMINAL_STATUSES, Channel, C
 
 ENDPOINT_TYPE = "webhook"  # the portal makes and edits webhook endpoints
 MAX_ENDPOINTS = 500
+# The endpoints a customer-scoped portal may hold: beyond, it makes none (the tenant's API may).
+MAX_CUSTOMER_ENDPOINTS = 50
 PAGE_SIZE = 50
 MAX_NAME_CHARS = 200
 MAX_URL_CHARS = 2048
 MAX_EVENT_TYPES = 100
 TEST_EVENT_TYPE = "notifier.test"
+# Config fields of a webhook that carry credentials the tenant set: they go wherever the URL
+# points, so the portal never changes the URL of an endpoint that has any of them.
+TENANT_CREDENTIALS = ("headers", "oauth2", "tls_client_certificate")
+FILTERED_OUT = (
+    "The endpoint's payload filter drops the test event (its payload is "
+    '{"test": true, "channel_id": …}): ask the service that sent you here to send a real one.'
+)
 PATTERN = re.compile(PATTERN_RE)
 NOTICES = {
     "replayed": "The delivery was queued again.",
@@ -119,6 +129,24 @@ def _url(channel: Channel) -> str:
     return url if isinstance(url, str) else ""
 
 
+def audience(within: PortalScope, channel: Channel) -> str | None:
+    """The customer whose events ``channel`` may receive, when the portal may choose its event
+    types: fan-out sends a channel the events whose ``recipient`` equals the channel's, so only a
+    channel addressed to the customer in scope (its ``recipient`` is that label: the session's
+    customer, or for a link of channel ids the channel's own ``customer``) can widen its types
+    without receiving events meant for the tenant or another customer. None: read-only."""
+    customer = within.customer if within.customer is not None else channel.customer
+    if customer is not None and channel.recipient == customer:
+        return customer
+    return None
+
+
+def tenant_credentials(channel: Channel) -> list[str]:
+    """The credential fields the tenant set in the endpoint's config (custom headers, OAuth2,
+    a TLS client certificate)."""
+    return [k for k in TENANT_CREDENTIALS if channel.config.get(k)]
+
+
 async def _catalog(tenant_id: uuid.UUID) -> list[str]:
     """The tenant's registered event types (empty: it has no catalog)."""
     return [t.name for t in await api_context().store.list_event_types(tenant_id)]
@@ -142,6 +170,16 @@ def read_event_types(form: Any, catalog: list[str]) -> list[str]:
     if len(chosen) > MAX_EVENT_TYPES:
         raise ConsoleError(400, f"Event types: at most {MAX_EVENT_TYPES}.")
     return chosen
+
+
+def posted_event_types(form: Any, catalog: list[str]) -> set[str] | None:
+    """The event types a form carries, as posted (None: it has none, as a read-only form)."""
+    if catalog:
+        chosen = [t for t in form.getlist("event_type") if t]
+        return set(chosen) if chosen else None
+    if "event_types" not in form:
+        return None
+    return set(str(form.get("event_types", "")).replace(",", " ").split())
 
 
 def _name(form: Any) -> str:
@@ -188,12 +226,19 @@ async def create_endpoint() -> Response:
     catalog = await _catalog(within.tenant_id)
     name, url = _name(form), _url_field(form)
     event_types = read_event_types(form, catalog)
+    held = await portal_store().portal_channels(within, limit=MAX_CUSTOMER_ENDPOINTS)
+    if len(held) >= MAX_CUSTOMER_ENDPOINTS:
+        raise ConsoleError(
+            409,
+            f"At most {MAX_CUSTOMER_ENDPOINTS} endpoints can be made here: "
+            "reuse one, or ask the service that sent you here.",
+        )
     try:
         config = await prepare(validator_for(ENDPOINT_TYPE), {"url": url}, within.tenant_id)
     except ApiError as exc:
         raise ConsoleError(400, exc.message) from exc
     channel = await api_context().store.create_channel(
-        within.tenant_id, type=ENDPOINT_TYPE, name=name, config=config, recipient=None,
+        within.tenant_id, type=ENDPOINT_TYPE, name=name, config=config, recipient=within.customer,
         event_types=event_types, enabled=True, max_attempts=None, customer=within.customer,
     )  # fmt: skip
     return await page("secret.html", in_session=True, channel=channel,
@@ -208,6 +253,8 @@ async def edit_endpoint(channel_id: uuid.UUID) -> Response:
     return await page(
         "endpoint.html", in_session=True, endpoint=channel, url=_url(channel), catalog=catalog,
         chosen=channel.event_types, patterns=" ".join(channel.event_types),
+        types_editable=audience(within, channel) is not None,
+        url_editable=not tenant_credentials(channel),
         notice=NOTICES.get(request.args.get("notice", "")),
     )  # fmt: skip
 
@@ -215,21 +262,33 @@ async def edit_endpoint(channel_id: uuid.UUID) -> Response:
 @routes.post("/endpoints/<uuid:channel_id>")
 async def save_endpoint(channel_id: uuid.UUID) -> Response:
     """A new name, URL, event types and enabled, as one change of the channel (its URL as a
-    PATCH of its config makes it: checked, its secret kept)."""
+    PATCH of its config makes it: checked, its secret kept). Its event types change only on a
+    channel addressed to the customer (``audience``); its URL only while the tenant set no
+    credentials in its config, which would follow the URL (``tenant_credentials``)."""
     within = await scope()
     form = await request.form
     catalog = await _catalog(within.tenant_id)
     name, url = _name(form), _url_field(form)
-    event_types = read_event_types(form, catalog)
+    # Checked as posted (400) before the channel is read; a read-only form posts none.
+    posted = posted_event_types(form, catalog)
+    chosen = read_event_types(form, catalog) if posted is not None else None
     enabled = form.get("enabled") == "on"
     store = api_context().store
     for _ in range(PATCH_CONFIG_TRIES):
         channel = await _channel(within, channel_id)
         if channel.type != ENDPOINT_TYPE:
             raise ConsoleError(409, f"A {channel.type} channel is not edited here.")
-        changes: dict[str, Any] = {"name": name, "event_types": event_types, "enabled": enabled}
+        changes: dict[str, Any] = {"name": name, "enabled": enabled}
+        if audience(within, channel) is not None:
+            changes["event_types"] = chosen or read_event_types(form, catalog)
+        elif chosen is not None and set(chosen) != set(channel.event_types):
+            raise ConsoleError(409, "This endpoint's event types are set by the service that "
+                               "sent you here: ask them to change them.")  # fmt: skip
         config_read = None
         if url != _url(channel):
+            if tenant_credentials(channel):
+                raise ConsoleError(409, "This endpoint carries credentials set by the service "
+                                   "that sent you here: ask them to change its URL.")  # fmt: skip
             validator = validator_for(channel.type)
             kept = {k: v for k, v in channel.config.items() if k not in validator.secret_fields}
             try:
@@ -286,17 +345,20 @@ async def send_test(channel_id: uuid.UUID) -> Response:
     channel = await _channel(within, channel_id)
     if not channel.enabled:
         raise ConsoleError(409, "The endpoint is disabled: enable it to send it a test event.")
-    event = EventIn(
-        type=TEST_EVENT_TYPE, payload={"test": True, "channel_id": str(channel_id)},
-        channel_ids=[channel_id],
-    )  # fmt: skip
+    payload = {"test": True, "channel_id": str(channel_id)}
+    if channel.filter is not None and not filters.matches(channel.filter, payload):
+        raise ConsoleError(409, FILTERED_OUT)
+    event = EventIn(type=TEST_EVENT_TYPE, payload=payload, channel_ids=[channel_id])
     try:
         [result] = await ingest(within.tenant_id, [new_event(event, None)])
     except ApiError as exc:
         raise ConsoleError(exc.status, exc.message) from exc
     except UnknownChannels as exc:
         raise ConsoleError(409, "The endpoint takes no event now.") from exc
-    [delivery] = [d for d in result.event.deliveries if d.channel_id == channel_id]
+    found = [d for d in result.event.deliveries if d.channel_id == channel_id]
+    if not found:  # a filter set meanwhile dropped it: the event is stored, with no delivery
+        raise ConsoleError(409, FILTERED_OUT)
+    [delivery] = found
     return cast(Response, redirect(f"{PREFIX}/deliveries/{delivery.id}?notice=test", 303))
 
 

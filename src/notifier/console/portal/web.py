@@ -107,14 +107,22 @@ async def finish(response: Response) -> Response:
         max_age = max(0, int((expires_at - datetime.now(UTC)).total_seconds()))
         response.set_cookie(
             COOKIE_NAME, ctx.sessions.dump(g.portal_session), max_age=max_age, path=PREFIX,
-            httponly=True, samesite="Lax", secure=over_tls(),
+            httponly=True, samesite="Lax", secure=secure_cookie(),
         )  # fmt: skip
     return response
 
 
+def secure_cookie() -> bool:
+    """The cookie is ``Secure`` over TLS, and whenever the portal's links are https
+    (``[console] public_url``): customers reach it there, whether or not a proxy in front
+    says so with ``X-Forwarded-Proto``."""
+    public_url = api_context().config.console.public_url
+    return over_tls() or public_url.lower().startswith("https://")
+
+
 def end_cookie(response: Response) -> Response:
     response.delete_cookie(COOKIE_NAME, path=PREFIX, httponly=True, samesite="Lax",
-                           secure=over_tls())  # fmt: skip
+                           secure=secure_cookie())  # fmt: skip
     return response
 
 
