@@ -76,7 +76,8 @@ async def test_migrate_is_idempotent_and_creates_every_table(tmp_path: Path) -> 
         assert tables == {
             "tenants", "channels", "events", "event_keys", "deliveries", "delivery_attempts",
             "outbox", "rate_buckets", "schema_migrations", "circuits", "console_sessions",
-            "console_signin_failures", "event_types", "fifo_counters", "portal_links", "portal_sessions",
+            "console_signin_failures", "event_types", "fifo_counters",
+            "portal_links", "portal_sessions",
         }  # fmt: skip
         # The history's partitions: today's and 7 days ahead, of each of its three tables.
         days = await sql(
