@@ -6,7 +6,7 @@ notifier runs as ``--role ingest`` (a process of its own) on a scratch database 
 channels take turns, a round of each at a time so that the machine's drift hits both alike:
 
 - ``plain``: no channel has a filter;
-- ``largest``: every channel has ``notifier.filters.largest_filter()`` (the limits at once:
+- ``largest``: every channel has ``notifier.filters_spec.largest_filter()`` (the limits at once:
   20 conditions, 8 levels, 16-step paths, as many ``nin`` values as 4,096 bytes hold), which
   every event passes only after every condition was evaluated in full: both setups write the
   same 20 deliveries and outbox rows an event.
@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.harness import Harness
 from bench.procs import wait_for
 from bench.sink import free_port, listening
-from notifier import filters
+from notifier import filters, filters_spec
 from notifier.adapters.webhook.signing import generate_secret
 
 CHANNELS = 20
@@ -70,7 +70,7 @@ def run(h: Harness, args: argparse.Namespace) -> int:
             "VALUES ($1, $2, 'webhook', $3, $4::jsonb)",
             uuid.uuid4(), s.tenant, f"channel-{i}", config,
         )  # fmt: skip
-    largest, passing = filters.largest_filter()
+    largest, passing = filters_spec.largest_filter()
     payload = {**passing, "note": "x" * 900}  # about 1 KB, as the other stages' payloads
     setups = {
         "plain": ("UPDATE channels SET filter = NULL, filter_path = NULL", ()),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from notifier import filters
+from notifier import filters, filters_spec
 from tests.filter_cases import CASES, PAYLOAD, c
 from tests.integration.conftest import sql
 from tests.integration.test_api import (
@@ -38,7 +38,7 @@ async def api(api_db: str) -> AsyncIterator[Api]:
 
 async def test_postgres_gives_each_case_the_answer_of_the_python_evaluator(api: Api) -> None:
     paths = [filters.to_jsonpath(flt) for _, flt, _ in CASES]
-    largest, passing = filters.largest_filter()
+    largest, passing = filters_spec.largest_filter()
     rows = await sql(
         api.db,
         "SELECT f.i, $1::jsonb @@ f.p::jsonpath AS passes, $3::jsonb @@ $4::jsonpath AS largest "

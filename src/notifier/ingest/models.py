@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from notifier import filters
+from notifier import filters_spec
 from notifier.config import MIN_RATE_PER_SECOND
 from notifier.validation import whole
 
@@ -63,7 +63,7 @@ Payload = Annotated[
 # A channel's payload filter: checked by notifier.filters.parse (the route names the place of a
 # problem); its grammar is the OpenAPI document's component FILTER.
 FILTER = "ChannelFilter"
-FILTER_SCHEMA = filters.json_schema(f"#/components/schemas/{FILTER}", NO_NUL)
+FILTER_SCHEMA = filters_spec.json_schema(f"#/components/schemas/{FILTER}", NO_NUL)
 ChannelFilter = Annotated[
     dict[str, Any], msgspec.Meta(extra_json_schema={"$ref": f"#/components/schemas/{FILTER}"})
 ]
